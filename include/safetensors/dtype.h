@@ -1,0 +1,111 @@
+// The one table of safetensors element types.
+//
+// Every fact about a dtype -- its header code, its size in bits, its sort rank and the names frameworks give
+// it -- lives in exactly one row of kDtypeTable. Every other layer (the header parser, the writer's sort, the
+// slicer, the Python adapters) asks this table; nothing else spells a dtype code or a bit size.
+//
+// Thread safety: everything here is constexpr or reads immutable data, and is safe from any thread.
+#ifndef SAFETENSORS_DTYPE_H_
+#define SAFETENSORS_DTYPE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "safetensors/export.h"
+
+namespace safetensors {
+
+// The enumerators are in *rank* order: the order the writer sorts by (highest rank first) and the order of
+// the format's definition. The numeric value of an enumerator is its rank.
+enum class Dtype : std::uint8_t {
+  kBool,
+  kF4,
+  kF6_E2M3,
+  kF6_E3M2,
+  kU8,
+  kI8,
+  kF8_E5M2,
+  kF8_E4M3,
+  kF8_E8M0,
+  kF8_E4M3FNUZ,
+  kF8_E5M2FNUZ,
+  kI16,
+  kU16,
+  kF16,
+  kBF16,
+  kI32,
+  kU32,
+  kF32,
+  kC64,
+  kF64,
+  kI64,
+  kU64,
+};
+
+struct DtypeInfo {
+  Dtype dtype;
+  // The code written in the header, e.g. "F32".
+  std::string_view code;
+  // Size of one element in bits. Sub-byte types (F4, F6_*) have bits % 8 != 0; a tensor of them must hold a
+  // whole number of bytes.
+  std::uint32_t bits;
+  // torch dtype attribute name (torch.<name>), or "" where torch has none.
+  std::string_view torch_name;
+  // numpy / ml_dtypes type name (numpy.<name> or ml_dtypes.<name>), or "" where neither has one.
+  std::string_view numpy_name;
+};
+
+// One row per dtype, indexed by rank. F4 is stored by torch as float4_e2m1fn_x2 (two values per byte); the
+// header always holds the logical element count, and the torch adapter doubles/halves the last dimension.
+inline constexpr std::array<DtypeInfo, 22> kDtypeTable = {{
+    {Dtype::kBool, "BOOL", 8, "bool", "bool"},
+    {Dtype::kF4, "F4", 4, "float4_e2m1fn_x2", "float4_e2m1fn"},
+    {Dtype::kF6_E2M3, "F6_E2M3", 6, "", "float6_e2m3fn"},
+    {Dtype::kF6_E3M2, "F6_E3M2", 6, "", "float6_e3m2fn"},
+    {Dtype::kU8, "U8", 8, "uint8", "uint8"},
+    {Dtype::kI8, "I8", 8, "int8", "int8"},
+    {Dtype::kF8_E5M2, "F8_E5M2", 8, "float8_e5m2", "float8_e5m2"},
+    {Dtype::kF8_E4M3, "F8_E4M3", 8, "float8_e4m3fn", "float8_e4m3fn"},
+    {Dtype::kF8_E8M0, "F8_E8M0", 8, "float8_e8m0fnu", "float8_e8m0fnu"},
+    {Dtype::kF8_E4M3FNUZ, "F8_E4M3FNUZ", 8, "float8_e4m3fnuz", "float8_e4m3fnuz"},
+    {Dtype::kF8_E5M2FNUZ, "F8_E5M2FNUZ", 8, "float8_e5m2fnuz", "float8_e5m2fnuz"},
+    {Dtype::kI16, "I16", 16, "int16", "int16"},
+    {Dtype::kU16, "U16", 16, "uint16", "uint16"},
+    {Dtype::kF16, "F16", 16, "float16", "float16"},
+    {Dtype::kBF16, "BF16", 16, "bfloat16", "bfloat16"},
+    {Dtype::kI32, "I32", 32, "int32", "int32"},
+    {Dtype::kU32, "U32", 32, "uint32", "uint32"},
+    {Dtype::kF32, "F32", 32, "float32", "float32"},
+    {Dtype::kC64, "C64", 64, "complex64", "complex64"},
+    {Dtype::kF64, "F64", 64, "float64", "float64"},
+    {Dtype::kI64, "I64", 64, "int64", "int64"},
+    {Dtype::kU64, "U64", 64, "uint64", "uint64"},
+}};
+
+namespace detail {
+constexpr bool table_is_in_rank_order() {
+  for (std::size_t i = 0; i < kDtypeTable.size(); ++i) {
+    if (static_cast<std::size_t>(kDtypeTable[i].dtype) != i) return false;
+  }
+  return true;
+}
+}  // namespace detail
+static_assert(detail::table_is_in_rank_order(), "kDtypeTable rows must be indexed by Dtype (rank order)");
+
+constexpr const DtypeInfo& dtype_info(Dtype d) { return kDtypeTable[static_cast<std::size_t>(d)]; }
+constexpr std::string_view dtype_code(Dtype d) { return dtype_info(d).code; }
+constexpr std::uint32_t dtype_bits(Dtype d) { return dtype_info(d).bits; }
+// Sort rank: the writer places higher ranks first.
+constexpr int dtype_rank(Dtype d) { return static_cast<int>(d); }
+
+// The dtype whose header code is `code` (exact, case-sensitive), or nullopt.
+SAFETENSORS_EXPORT std::optional<Dtype> dtype_from_code(std::string_view code);
+// The dtype whose torch name is `name` (e.g. "bfloat16"), or nullopt.
+SAFETENSORS_EXPORT std::optional<Dtype> dtype_from_torch_name(std::string_view name);
+
+}  // namespace safetensors
+
+#endif  // SAFETENSORS_DTYPE_H_

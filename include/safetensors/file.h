@@ -1,0 +1,146 @@
+// File: an open, fully validated safetensors file. Start here.
+//
+//   auto file = safetensors::File::open("model.safetensors");
+//   if (!file.ok()) { std::cerr << file.error().to_string() << "\n"; return 1; }
+//   for (const auto& t : file->tensors()) { ... t.name, t.dtype, t.shape, t.nbytes() ... }
+//   std::vector<std::byte> buf(info->nbytes());
+//   auto st = file->read_into("weight", buf);
+//
+// open() reads the 8-byte length and the JSON header, and validates them completely (COMPAT.md section 2)
+// before returning: every tensor lies inside the file, tensors tile the data buffer exactly, and every size
+// fits in 64 bits. Nothing proportional to a size declared in the file is allocated before that size has been
+// checked against the file's real size. After open() succeeds, reads fail only on I/O errors (or a file that
+// shrank after it was opened, on the pread backend).
+//
+// Thread safety: a File is immutable after open(); it is safe for concurrent use by multiple threads (reads are
+// positional and share no cursor). Copying a File is cheap and shares the underlying state.
+//
+// Lifetime: views returned by view() keep the mapping (or memory buffer) alive on their own; they stay valid
+// after every File referring to it is destroyed.
+#ifndef SAFETENSORS_FILE_H_
+#define SAFETENSORS_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "safetensors/dtype.h"
+#include "safetensors/error.h"
+#include "safetensors/export.h"
+#include "safetensors/slice.h"
+#include "safetensors/source.h"
+
+namespace safetensors {
+
+// The format's default cap on the header length, on read and on write.
+inline constexpr std::uint64_t kDefaultMaxHeaderBytes = 100'000'000;
+
+// `__metadata__`: string keys to string values, in the order the header lists them.
+using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+struct OpenOptions {
+  Backend backend = Backend::kMmap;
+  // Headers longer than this fail with kHeaderTooLarge.
+  std::uint64_t max_header_bytes = kDefaultMaxHeaderBytes;
+};
+
+// One tensor's entry in the header.
+struct TensorInfo {
+  std::string name;
+  Dtype dtype = Dtype::kU8;
+  std::vector<std::uint64_t> shape;
+  // data_offsets: [begin, end) relative to the start of the data buffer.
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+
+  std::uint64_t nbytes() const { return end - begin; }
+  // Product of shape (1 for a scalar). Validated by File::open() not to overflow.
+  std::uint64_t numel() const;
+};
+
+// A tensor's bytes in memory that is kept alive by `owner`.
+struct TensorView {
+  std::span<const std::byte> bytes;
+  std::shared_ptr<const void> owner;
+  // True when the bytes lie in a private copy-on-write mapping and may be written through const_cast without
+  // touching the file.
+  bool writable = false;
+};
+
+// A destination for File::read_many(): the tensor's whole bytes into `dst` (dst.size() == nbytes()).
+struct ReadRequest {
+  const TensorInfo* tensor;
+  std::span<std::byte> dst;
+};
+
+class SAFETENSORS_EXPORT File {
+ public:
+  // Opens and validates the file at `path`. Errors: kNotFound, kIo, and every header kind of Error::Kind
+  // (kHeaderTooSmall ... kMetadataIncompleteBuffer), each with the path as context.
+  static Result<File> open(const std::string& path, const OpenOptions& options = {});
+  // Validates the bytes of `source` (options.backend is ignored; the source decides). Same errors as above.
+  static Result<File> open(std::shared_ptr<const Source> source, const OpenOptions& options = {});
+
+  // The path (or "<memory>").
+  const std::string& path() const;
+  // The backend actually in use (kMmap may have fallen back to kPread).
+  Backend backend() const;
+  const std::shared_ptr<const Source>& source() const;
+
+  // 8 + the header length: where the data buffer starts.
+  std::uint64_t data_offset() const;
+  // The header length N from the first 8 bytes.
+  std::uint64_t header_length() const;
+  // Total file size.
+  std::uint64_t size() const;
+
+  // All tensors in file order (by data_offsets; ties in header order).
+  const std::vector<TensorInfo>& tensors() const;
+  // Tensor names sorted by byte order.
+  std::vector<std::string_view> keys() const;
+  // `__metadata__`, or nullopt when absent or null.
+  const std::optional<Metadata>& metadata() const;
+
+  // The tensor named `name`, or nullptr.
+  const TensorInfo* find(std::string_view name) const;
+  // The tensor named `name`. Errors: kTensorNotFound.
+  Result<const TensorInfo*> info(std::string_view name) const;
+
+  // Zero-copy view of a tensor's bytes. Errors: kTensorNotFound; kInvalidArgument on the pread backend, which
+  // has no mapping (use read_into()).
+  Result<TensorView> view(std::string_view name) const;
+  Result<TensorView> view(const TensorInfo& tensor) const;
+
+  // Copies a tensor's bytes into dst. REQUIRES: dst.size() == nbytes() (else kInvalidArgument).
+  // Errors: kTensorNotFound, kInvalidArgument, kIo.
+  Status read_into(std::string_view name, std::span<std::byte> dst) const;
+  Status read_into(const TensorInfo& tensor, std::span<std::byte> dst) const;
+
+  // Plans `indices` over the tensor (see SlicePlan::make) -- for sizing the destination -- with this file
+  // and the tensor named in errors.
+  Result<SlicePlan> plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const;
+  // Copies the bytes the plan selects into dst, reading only runs the plan names (close runs are coalesced
+  // into one read on the pread backend). REQUIRES: plan was made for `tensor`; dst.size() == plan.nbytes().
+  Status read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const;
+
+  // Reads many tensors into caller buffers, using up to `threads` threads (0 = a default based on the
+  // hardware and the total size). Large tensors are split so the threads share the work. Returns the first
+  // error met; on error the contents of all destinations are unspecified.
+  // REQUIRES: each request's tensor belongs to this File and dst.size() == tensor->nbytes().
+  Status read_many(std::span<const ReadRequest> requests, unsigned threads = 0) const;
+
+ private:
+  struct State;
+  explicit File(std::shared_ptr<const State> state) : state_(std::move(state)) {}
+  std::shared_ptr<const State> state_;
+};
+
+}  // namespace safetensors
+
+#endif  // SAFETENSORS_FILE_H_

@@ -1,0 +1,126 @@
+// Source: where a file's bytes come from.
+//
+// A Source is a fixed-size, read-only sequence of bytes with positional reads, modelled on LevelDB's
+// RandomAccessFile. Three implementations exist and no layer above this one knows which it has:
+//   - mmap:   a private (copy-on-write) mapping of a file. Reads return views into the mapping; data()
+//             exposes it whole.
+//   - pread:  positional reads with pread(2) into the caller's buffer; no mapping, no shared file position.
+//   - memory: a caller's buffer, kept alive by an owner the caller supplies.
+// open_file_source() picks mmap or pread; if mapping fails (special files, address-space limits, empty
+// files) it falls back to pread, and backend() says what was chosen.
+//
+// Thread safety: a Source is immutable after construction; all methods are const and safe for concurrent use
+// by multiple threads.
+//
+// Lifetime: Sources are held by std::shared_ptr. A view into a mapping stays valid while any shared_ptr to
+// its Source is alive; File::view() hands out aliasing shared_ptrs so views outlive the File that made them.
+#ifndef SAFETENSORS_SOURCE_H_
+#define SAFETENSORS_SOURCE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "safetensors/error.h"
+#include "safetensors/export.h"
+
+namespace safetensors {
+
+enum class Backend {
+  // Map the file (private, copy-on-write). Views are zero-copy.
+  kMmap,
+  // Read with pread(2). Tensors are always copied into caller memory.
+  kPread,
+  // A caller-supplied buffer (memory_source()).
+  kMemory,
+};
+
+class SAFETENSORS_EXPORT Source {
+ public:
+  Source() = default;
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+  virtual ~Source();
+
+  // The path, or "<memory>": the context of every error this Source reports.
+  virtual const std::string& name() const = 0;
+  // Size in bytes, fixed when the Source was created.
+  virtual std::uint64_t size() const = 0;
+  virtual Backend backend() const = 0;
+
+  // Reads exactly dst.size() bytes starting at `offset`. On success the returned span holds them: either a
+  // view into the Source's own memory (then dst is untouched) or dst itself after the bytes were copied there.
+  // Errors: kInvalidArgument if [offset, offset + dst.size()) is not inside [0, size()); kIo for an operating
+  // system failure or when the file ended early (it shrank after it was opened).
+  virtual Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const = 0;
+
+  // The whole content as addressable memory, or nullptr (pread). Valid while this Source is alive.
+  virtual const std::byte* data() const { return nullptr; }
+  // True when data() may be written through: a private copy-on-write mapping whose writes never reach the
+  // file. Memory sources and read-only mappings return false.
+  virtual bool writable() const { return false; }
+  // A hint that [offset, offset + length) will be read soon (readahead). Never fails.
+  virtual void prefetch(std::uint64_t /*offset*/, std::uint64_t /*length*/) const {}
+};
+
+// Reads exactly dst.size() bytes at `offset` into dst (copying from a view when the Source returns one).
+SAFETENSORS_EXPORT Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst);
+
+// Opens `path` with the requested backend (kMmap or kPread). kMmap falls back to kPread when the file cannot
+// be mapped. Errors: kNotFound (ENOENT), kIo (anything else, e.g. a directory or EACCES), kInvalidArgument
+// for kMemory.
+SAFETENSORS_EXPORT Result<std::shared_ptr<const Source>> open_file_source(const std::string& path,
+                                                                          Backend backend);
+
+// A Source over [bytes.data(), bytes.data() + bytes.size()). `owner` keeps that memory alive for as long as
+// the Source (and every view of it) lives; pass nullptr when the caller guarantees the lifetime itself.
+SAFETENSORS_EXPORT std::shared_ptr<const Source> memory_source(std::span<const std::byte> bytes,
+                                                               std::shared_ptr<const void> owner,
+                                                               std::string name = "<memory>");
+
+// Test doubles that ship with the seam (as LevelDB ships memenv and its fault-injecting Envs).
+namespace testing {
+
+// Forwards to a base Source and injects faults, one atomic flag per fault. Safe for concurrent use.
+class SAFETENSORS_EXPORT FaultySource final : public Source {
+ public:
+  explicit FaultySource(std::shared_ptr<const Source> base);
+  ~FaultySource() override;
+
+  // When set, every read returns kIo as if the file ended before the requested bytes.
+  std::atomic<bool> short_read{false};
+  // When >= 0, a read whose range contains this offset fails with kIo (EIO).
+  std::atomic<std::int64_t> eio_at_offset{-1};
+  // When set, data() returns nullptr, so callers must take the positional-read path.
+  std::atomic<bool> hide_mapping{false};
+  // Number of read() calls made, for asserting how many reads an operation took.
+  mutable std::atomic<std::uint64_t> reads{0};
+  // Total bytes requested through read().
+  mutable std::atomic<std::uint64_t> bytes_read{0};
+
+  const std::string& name() const override;
+  std::uint64_t size() const override;
+  Backend backend() const override;
+  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override;
+  const std::byte* data() const override;
+  bool writable() const override;
+
+ private:
+  std::shared_ptr<const Source> base_;
+};
+
+// While set, open_file_source(path, kMmap) behaves as if mapping failed and returns a pread Source
+// (LevelDB's EnvPosixTestHelper::SetReadOnlyMMapLimit(0)). Process-wide; for tests only.
+SAFETENSORS_EXPORT void set_force_pread(bool force);
+
+// Number of file mappings currently alive in the process: lets tests assert that a mapping is released
+// exactly when the last view of it dies.
+SAFETENSORS_EXPORT std::uint64_t live_mappings();
+
+}  // namespace testing
+}  // namespace safetensors
+
+#endif  // SAFETENSORS_SOURCE_H_

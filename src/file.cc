@@ -1,0 +1,246 @@
+#include "safetensors/file.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "checked.h"
+#include "header.h"
+
+namespace safetensors {
+
+struct File::State {
+  std::shared_ptr<const Source> source;
+  std::uint64_t header_length = 0;
+  std::vector<TensorInfo> tensors;
+  std::optional<Metadata> metadata;
+  // Keys view the names stored in `tensors`, which never change after construction.
+  std::unordered_map<std::string_view, std::uint32_t> index;
+
+  std::uint64_t data_offset() const { return 8 + header_length; }
+};
+
+namespace {
+
+// Runs of the pread slice path closer than this are read together: a smaller gap costs less than a syscall
+// and the page cache reads whole pages anyway.
+constexpr std::uint64_t kCoalesceGap = 4096;
+// Largest scratch buffer for one coalesced read.
+constexpr std::uint64_t kCoalesceSpan = 8u << 20;
+// read_many splits work into pieces of at most this many bytes.
+constexpr std::uint64_t kReadChunk = 8u << 20;
+
+}  // namespace
+
+std::uint64_t TensorInfo::numel() const {
+  // File::open() validated that the product fits.
+  return internal::checked_product(shape).value_or(0);
+}
+
+Result<File> File::open(const std::string& path, const OpenOptions& options) {
+  SAFETENSORS_ASSIGN_OR_RETURN(auto source, open_file_source(path, options.backend));
+  return open(std::move(source), options);
+}
+
+Result<File> File::open(std::shared_ptr<const Source> source, const OpenOptions& options) {
+  SAFETENSORS_ASSIGN_OR_RETURN(auto parsed, internal::read_header(*source, options.max_header_bytes));
+  auto state = std::make_shared<State>();
+  state->source = std::move(source);
+  state->header_length = parsed.header_length;
+  state->tensors = std::move(parsed.tensors);
+  state->metadata = std::move(parsed.metadata);
+  state->index.reserve(state->tensors.size());
+  for (std::uint32_t i = 0; i < state->tensors.size(); ++i) state->index.emplace(state->tensors[i].name, i);
+  return File(std::move(state));
+}
+
+const std::string& File::path() const { return state_->source->name(); }
+Backend File::backend() const { return state_->source->backend(); }
+const std::shared_ptr<const Source>& File::source() const { return state_->source; }
+std::uint64_t File::data_offset() const { return state_->data_offset(); }
+std::uint64_t File::header_length() const { return state_->header_length; }
+std::uint64_t File::size() const { return state_->source->size(); }
+const std::vector<TensorInfo>& File::tensors() const { return state_->tensors; }
+const std::optional<Metadata>& File::metadata() const { return state_->metadata; }
+
+std::vector<std::string_view> File::keys() const {
+  std::vector<std::string_view> keys;
+  keys.reserve(state_->tensors.size());
+  for (const TensorInfo& t : state_->tensors) keys.emplace_back(t.name);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+const TensorInfo* File::find(std::string_view name) const {
+  auto it = state_->index.find(name);
+  return it == state_->index.end() ? nullptr : &state_->tensors[it->second];
+}
+
+Result<const TensorInfo*> File::info(std::string_view name) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Error::tensor_not_found(path(), name);
+  return t;
+}
+
+Result<TensorView> File::view(std::string_view name) const {
+  SAFETENSORS_ASSIGN_OR_RETURN(const TensorInfo* t, info(name));
+  return view(*t);
+}
+
+Result<TensorView> File::view(const TensorInfo& tensor) const {
+  const Source& src = *state_->source;
+  const std::byte* base = src.data();
+  if (base == nullptr) {
+    return Error::invalid_argument(path(), "tensor `" + tensor.name +
+                                               "`: zero-copy views need the mmap or memory backend; this file is "
+                                               "read with pread (use read_into)");
+  }
+  TensorView v;
+  v.bytes = std::span<const std::byte>(base + data_offset() + tensor.begin, tensor.nbytes());
+  // Aliasing constructor: the view shares ownership of the Source, so it outlives this File.
+  v.owner = std::shared_ptr<const void>(state_->source, v.bytes.data());
+  v.writable = src.writable();
+  return v;
+}
+
+Status File::read_into(std::string_view name, std::span<std::byte> dst) const {
+  SAFETENSORS_ASSIGN_OR_RETURN(const TensorInfo* t, info(name));
+  return read_into(*t, dst);
+}
+
+Status File::read_into(const TensorInfo& tensor, std::span<std::byte> dst) const {
+  if (dst.size() != tensor.nbytes()) {
+    return Error::invalid_argument(path(), "tensor `" + tensor.name + "` has " + std::to_string(tensor.nbytes()) +
+                                               " bytes but the destination holds " + std::to_string(dst.size()));
+  }
+  return read_exact(*state_->source, data_offset() + tensor.begin, dst);
+}
+
+Result<SlicePlan> File::plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const {
+  return SlicePlan::make(tensor.dtype, tensor.shape, indices, path(), tensor.name);
+}
+
+Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const {
+  if (dst.size() != plan.nbytes()) {
+    return Error::invalid_argument(path(), "slice of tensor `" + tensor.name + "` has " +
+                                               std::to_string(plan.nbytes()) + " bytes but the destination holds " +
+                                               std::to_string(dst.size()));
+  }
+  if (plan.source_end() > tensor.nbytes()) {
+    return Error::invalid_argument(path(), "slice plan does not belong to tensor `" + tensor.name + "`");
+  }
+  const Source& src = *state_->source;
+  const std::uint64_t base = data_offset() + tensor.begin;
+  if (const std::byte* mem = src.data()) {
+    plan.for_each_run([&](const SliceRun& r) {
+      std::memcpy(dst.data() + r.dest_offset, mem + base + r.source_offset, r.length);
+      return true;
+    });
+    return ok_status();
+  }
+
+  // Positional reads: a run goes straight into dst; runs that lie close together in the source are read as
+  // one span into scratch memory and scattered, so many small runs do not cost one syscall each.
+  std::vector<SliceRun> group;
+  std::vector<std::byte> scratch;
+  std::uint64_t lo = 0, hi = 0;
+  Status status;
+  auto flush = [&]() -> Status {
+    if (group.empty()) return ok_status();
+    if (group.size() == 1) {
+      const SliceRun& r = group.front();
+      SAFETENSORS_RETURN_IF_ERROR(read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length)));
+    } else {
+      scratch.resize(hi - lo);
+      SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, src.read(base + lo, scratch));
+      for (const SliceRun& r : group) {
+        std::memcpy(dst.data() + r.dest_offset, bytes.data() + (r.source_offset - lo), r.length);
+      }
+    }
+    group.clear();
+    return ok_status();
+  };
+  plan.for_each_run([&](const SliceRun& r) {
+    const std::uint64_t r_end = r.source_offset + r.length;
+    if (!group.empty()) {
+      const std::uint64_t new_lo = std::min(lo, r.source_offset);
+      const std::uint64_t new_hi = std::max(hi, r_end);
+      const bool near = r.source_offset <= hi + kCoalesceGap && r_end + kCoalesceGap >= lo;
+      if (near && new_hi - new_lo <= kCoalesceSpan) {
+        lo = new_lo;
+        hi = new_hi;
+        group.push_back(r);
+        return true;
+      }
+      status = flush();
+      if (!status.ok()) return false;
+    }
+    lo = r.source_offset;
+    hi = r_end;
+    group.push_back(r);
+    return true;
+  });
+  if (!status.ok()) return status;
+  return flush();
+}
+
+Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
+  struct Piece {
+    std::uint64_t source_offset;
+    std::byte* dst;
+    std::uint64_t length;
+  };
+  std::vector<Piece> pieces;
+  std::uint64_t total = 0;
+  for (const ReadRequest& r : requests) {
+    if (r.tensor == nullptr || r.dst.size() != r.tensor->nbytes()) {
+      return Error::invalid_argument(path(), "read_many: destination size does not match tensor `" +
+                                                 (r.tensor ? r.tensor->name : std::string("<null>")) + "`");
+    }
+    const std::uint64_t start = data_offset() + r.tensor->begin;
+    for (std::uint64_t off = 0; off < r.dst.size(); off += kReadChunk) {
+      const std::uint64_t len = std::min<std::uint64_t>(kReadChunk, r.dst.size() - off);
+      pieces.push_back({start + off, r.dst.data() + off, len});
+    }
+    total += r.dst.size();
+  }
+  if (threads == 0) {
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    threads = std::min<unsigned>({hw, 8u, static_cast<unsigned>(total / kReadChunk) + 1});
+  }
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(pieces.size())));
+
+  const Source& src = *state_->source;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+  std::optional<Error> first_error;
+  auto worker = [&]() {
+    for (;;) {
+      if (failed.load(std::memory_order_relaxed)) return;
+      const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= pieces.size()) return;
+      const Piece& p = pieces[i];
+      Status s = read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length));
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!first_error) first_error = std::move(s).error();
+        failed.store(true, std::memory_order_relaxed);
+        return;
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (unsigned i = 1; i < threads; ++i) pool.emplace_back(worker);
+    worker();
+  }
+  if (first_error) return std::move(*first_error);
+  return ok_status();
+}
+
+}  // namespace safetensors

@@ -1,0 +1,267 @@
+#include "header.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "checked.h"
+
+namespace safetensors::internal {
+namespace {
+
+static_assert(kJsonPadding >= simdjson::SIMDJSON_PADDING, "padding must satisfy simdjson");
+
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+
+std::string quote(std::string_view s) { return "`" + std::string(s) + "`"; }
+
+std::string type_name(element_type t) {
+  switch (t) {
+    case element_type::ARRAY: return "an array";
+    case element_type::OBJECT: return "an object";
+    case element_type::INT64:
+    case element_type::UINT64: return "an integer";
+    case element_type::DOUBLE: return "a floating-point number";
+    case element_type::STRING: return "a string";
+    case element_type::BOOL: return "a boolean";
+    case element_type::NULL_VALUE: return "null";
+  }
+  return "a value";
+}
+
+// Reads a non-negative integer that fits in 64 bits. JSON numbers with a fraction or exponent are refused
+// even when integral, as the reference does.
+bool get_u64(element e, std::uint64_t* out) {
+  if (e.type() != element_type::INT64 && e.type() != element_type::UINT64) return false;
+  return e.get_uint64().get(*out) == simdjson::SUCCESS;
+}
+
+class Parser {
+ public:
+  Parser(std::string_view context) : context_(context) {}
+
+  Error json_error(std::string detail) const { return Error::invalid_header_json(context_, detail); }
+
+  Status parse_metadata(element value, std::optional<Metadata>* out) const {
+    if (value.type() == element_type::NULL_VALUE) return ok_status();
+    simdjson::dom::object obj;
+    if (value.get_object().get(obj) != simdjson::SUCCESS) {
+      return json_error("`__metadata__` must be an object of strings, found " + type_name(value.type()));
+    }
+    Metadata md;
+    std::unordered_set<std::string_view> seen;
+    for (auto kv : obj) {
+      std::string_view v;
+      if (kv.value.get_string().get(v) != simdjson::SUCCESS) {
+        return json_error("`__metadata__` value for key " + quote(kv.key) + " must be a string, found " +
+                          type_name(kv.value.type()));
+      }
+      if (!seen.insert(kv.key).second) return json_error("duplicate key " + quote(kv.key) + " in `__metadata__`");
+      md.emplace_back(std::string(kv.key), std::string(v));
+    }
+    *out = std::move(md);
+    return ok_status();
+  }
+
+  Status parse_tensor(std::string_view name, element value, TensorInfo* t) const {
+    simdjson::dom::object obj;
+    if (value.get_object().get(obj) != simdjson::SUCCESS) {
+      return json_error("entry for tensor " + quote(name) + " must be an object, found " + type_name(value.type()));
+    }
+    bool have_dtype = false, have_shape = false, have_offsets = false;
+    for (auto kv : obj) {
+      bool* seen = nullptr;
+      if (kv.key == "dtype") {
+        seen = &have_dtype;
+      } else if (kv.key == "shape") {
+        seen = &have_shape;
+      } else if (kv.key == "data_offsets") {
+        seen = &have_offsets;
+      } else {
+        continue;  // Unknown fields inside an entry are ignored.
+      }
+      if (*seen) return json_error("duplicate field " + quote(kv.key) + " for tensor " + quote(name));
+      *seen = true;
+      if (seen == &have_dtype) {
+        std::string_view code;
+        if (kv.value.get_string().get(code) != simdjson::SUCCESS) {
+          return json_error("`dtype` of tensor " + quote(name) + " must be a string, found " +
+                            type_name(kv.value.type()));
+        }
+        auto d = dtype_from_code(code);
+        if (!d) return json_error("unknown dtype " + quote(code) + " for tensor " + quote(name));
+        t->dtype = *d;
+      } else if (seen == &have_shape) {
+        simdjson::dom::array arr;
+        if (kv.value.get_array().get(arr) != simdjson::SUCCESS) {
+          return json_error("`shape` of tensor " + quote(name) + " must be an array, found " +
+                            type_name(kv.value.type()));
+        }
+        for (element dim : arr) {
+          std::uint64_t d;
+          if (!get_u64(dim, &d)) {
+            return json_error("`shape` of tensor " + quote(name) +
+                              " must hold non-negative integers below 2^64, found " + type_name(dim.type()) +
+                              (dim.type() == element_type::INT64 ? " that is negative" : ""));
+          }
+          t->shape.push_back(d);
+        }
+      } else {
+        simdjson::dom::array arr;
+        if (kv.value.get_array().get(arr) != simdjson::SUCCESS) {
+          return json_error("`data_offsets` of tensor " + quote(name) + " must be an array, found " +
+                            type_name(kv.value.type()));
+        }
+        std::uint64_t v[2];
+        std::size_t n = 0;
+        for (element off : arr) {
+          if (n == 2 || !get_u64(off, &v[n])) {
+            return json_error("`data_offsets` of tensor " + quote(name) +
+                              " must be two non-negative integers below 2^64");
+          }
+          ++n;
+        }
+        if (n != 2) {
+          return json_error("`data_offsets` of tensor " + quote(name) + " must be two non-negative integers below 2^64");
+        }
+        t->begin = v[0];
+        t->end = v[1];
+      }
+    }
+    if (!have_dtype) return json_error("missing field `dtype` for tensor " + quote(name));
+    if (!have_shape) return json_error("missing field `shape` for tensor " + quote(name));
+    if (!have_offsets) return json_error("missing field `data_offsets` for tensor " + quote(name));
+    return ok_status();
+  }
+
+ private:
+  std::string_view context_;
+};
+
+// Steps 6-10: tensors tile the data buffer exactly and every size computes without overflow.
+Status validate_layout(const std::vector<TensorInfo>& tensors, std::uint64_t data_length,
+                       std::string_view context) {
+  std::uint64_t expected = 0;
+  for (const TensorInfo& t : tensors) {
+    if (t.begin != expected || t.end < t.begin) return Error::invalid_offset(context, t.name);
+    auto numel = checked_product(t.shape);
+    if (!numel) return Error::validation_overflow(context, t.name);
+    bool aligned = false;
+    auto nbytes = checked_nbytes(*numel, dtype_bits(t.dtype), &aligned);
+    if (!nbytes) return Error::validation_overflow(context, t.name);
+    if (!aligned) return Error::misaligned_slice(context, t.name);
+    if (t.end - t.begin != *nbytes) {
+      return Error::tensor_invalid_info(
+          context, t.name,
+          "dtype " + std::string(dtype_code(t.dtype)) + " with " + std::to_string(*numel) + " elements needs " +
+              std::to_string(*nbytes) + " bytes, but data_offsets [" + std::to_string(t.begin) + ", " +
+              std::to_string(t.end) + "] span " + std::to_string(t.end - t.begin));
+    }
+    expected = t.end;
+  }
+  if (expected != data_length) {
+    return Error::metadata_incomplete_buffer(
+        context, "the tensors cover " + std::to_string(expected) + " bytes of a " + std::to_string(data_length) +
+                     "-byte data buffer");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data_length, std::string_view context) {
+  // Step 4.
+  if (!simdjson::validate_utf8(json.data(), json.size())) {
+    return Error::invalid_header_utf8(context, "the header is not valid UTF-8");
+  }
+  // Step 5.
+  Parser p(context);
+  if (json.empty()) return p.json_error("the header is empty");
+  simdjson::dom::parser dom;
+  element root;
+  if (auto err = dom.parse(json.data(), json.size(), /*realloc_if_needed=*/false).get(root)) {
+    return p.json_error(simdjson::error_message(err));
+  }
+  simdjson::dom::object obj;
+  if (root.get_object().get(obj) != simdjson::SUCCESS) {
+    return p.json_error("the header must be a JSON object, found " + type_name(root.type()));
+  }
+
+  ParsedHeader out;
+  std::vector<TensorInfo> in_header_order;
+  bool have_metadata = false;
+  for (auto kv : obj) {
+    if (kv.key == "__metadata__") {
+      if (have_metadata) return p.json_error("duplicate key `__metadata__`");
+      have_metadata = true;
+      SAFETENSORS_RETURN_IF_ERROR(p.parse_metadata(kv.value, &out.metadata));
+      continue;
+    }
+    TensorInfo& t = in_header_order.emplace_back();
+    t.name.assign(kv.key);
+    SAFETENSORS_RETURN_IF_ERROR(p.parse_tensor(kv.key, kv.value, &t));
+  }
+
+  // Duplicate names are part of step 5: detect them before looking at offsets.
+  {
+    std::unordered_set<std::string_view> names;
+    names.reserve(in_header_order.size());
+    for (const TensorInfo& t : in_header_order) {
+      if (!names.insert(t.name).second) return p.json_error("duplicate tensor name " + quote(t.name));
+    }
+  }
+
+  // Step 6 walks tensors in data_offsets order; ties keep header order, which is also the file order.
+  std::vector<std::uint32_t> order(in_header_order.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    const TensorInfo& x = in_header_order[a];
+    const TensorInfo& y = in_header_order[b];
+    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
+  });
+  out.tensors.reserve(order.size());
+  for (std::uint32_t i : order) out.tensors.push_back(std::move(in_header_order[i]));
+
+  SAFETENSORS_RETURN_IF_ERROR(validate_layout(out.tensors, data_length, context));
+  out.header_length = json.size();
+  return out;
+}
+
+Result<ParsedHeader> read_header(const Source& source, std::uint64_t max_header_bytes) {
+  const std::string& context = source.name();
+  const std::uint64_t file_size = source.size();
+  // Step 1.
+  if (file_size < 8) return Error::header_too_small(context);
+  std::byte prefix[8];
+  SAFETENSORS_RETURN_IF_ERROR(read_exact(source, 0, prefix));
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint64_t>(prefix[i]);
+  // Step 2. (The cap also bounds the allocation below, together with step 3.)
+  if (n > max_header_bytes) {
+    return Error::header_too_large(context, "declared length " + std::to_string(n) + " exceeds the limit of " +
+                                                std::to_string(max_header_bytes) + " bytes");
+  }
+  if (n > SIZE_MAX - kJsonPadding) {
+    return Error::header_too_large(context, "declared length " + std::to_string(n) + " does not fit in memory");
+  }
+  // Step 3.
+  auto header_end = checked_add(8, n);
+  if (!header_end || *header_end > file_size) {
+    return Error::invalid_header_length(context, "declared length " + std::to_string(n) + " runs past the end of the " +
+                                                     std::to_string(file_size) + "-byte file");
+  }
+  // Only now, with n <= file size, is a buffer of n bytes allocated.
+  auto buf = std::make_unique_for_overwrite<char[]>(n + kJsonPadding);
+  std::memset(buf.get() + n, 0, kJsonPadding);
+  SAFETENSORS_RETURN_IF_ERROR(read_exact(source, 8, std::span<std::byte>(reinterpret_cast<std::byte*>(buf.get()), n)));
+  return parse_header_json(std::string_view(buf.get(), n), file_size - *header_end, context);
+}
+
+}  // namespace safetensors::internal

@@ -1,0 +1,56 @@
+// The one seam between the library and the operating system's file syscalls, and the one errno mapping.
+//
+// Production code calls the functions through syscalls(); tests replace entries (with ScopedSyscalls) to
+// inject EINTR, short transfers, ENOSPC or a failing fsync, as fmt's posix-mock and LevelDB's test Envs do.
+#ifndef SAFETENSORS_SRC_POSIX_H_
+#define SAFETENSORS_SRC_POSIX_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "safetensors/error.h"
+
+namespace safetensors::internal {
+
+struct Syscalls {
+  ssize_t (*pread)(int fd, void* buf, std::size_t count, off_t offset);
+  ssize_t (*pwrite)(int fd, const void* buf, std::size_t count, off_t offset);
+  int (*fsync)(int fd);
+  int (*rename)(const char* from, const char* to);
+};
+
+// The table in use. Never null.
+const Syscalls& syscalls();
+
+// Replaces the table for the lifetime of the object (tests only; not thread-safe against concurrent I/O).
+class ScopedSyscalls {
+ public:
+  explicit ScopedSyscalls(const Syscalls& replacement);
+  ~ScopedSyscalls();
+  ScopedSyscalls(const ScopedSyscalls&) = delete;
+  ScopedSyscalls& operator=(const ScopedSyscalls&) = delete;
+
+ private:
+  const Syscalls* previous_;
+};
+
+// The real syscalls, for replacements that forward.
+const Syscalls& real_syscalls();
+
+// The only mapping from errno to Error: ENOENT -> kNotFound, everything else -> kIo with strerror text.
+// `what` names the operation ("open", "read", ...).
+Error errno_error(std::string_view path, std::string_view what, int err);
+
+// Reads exactly dst.size() bytes at `offset`, retrying on EINTR and short reads. A read that reaches end of
+// file early gives kIo ("file is shorter than expected").
+Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span<std::byte> dst);
+// Writes all of `src` at `offset`, retrying on EINTR and short writes.
+Status pwrite_full(int fd, std::string_view path, std::uint64_t offset, std::span<const std::byte> src);
+
+}  // namespace safetensors::internal
+
+#endif  // SAFETENSORS_SRC_POSIX_H_

@@ -1,0 +1,203 @@
+#include "safetensors/source.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "checked.h"
+#include "posix.h"
+
+namespace safetensors {
+namespace {
+
+std::atomic<bool> g_force_pread{false};
+std::atomic<std::uint64_t> g_live_mappings{0};
+
+Status check_range(const Source& s, std::uint64_t offset, std::uint64_t n) {
+  auto end = internal::checked_add(offset, n);
+  if (!end || *end > s.size()) {
+    return Error::invalid_argument(s.name(), "read of " + std::to_string(n) + " bytes at offset " +
+                                                 std::to_string(offset) + " is outside the " +
+                                                 std::to_string(s.size()) + "-byte source");
+  }
+  return ok_status();
+}
+
+// Closes `fd`, reporting (never throwing) a failure: used from destructors.
+void close_reporting(int fd, const std::string& path) {
+  if (fd >= 0 && ::close(fd) != 0) {
+    std::fprintf(stderr, "safetensors: close(\"%s\") failed: %s\n", path.c_str(), std::strerror(errno));
+  }
+}
+
+class MemorySource final : public Source {
+ public:
+  MemorySource(std::span<const std::byte> bytes, std::shared_ptr<const void> owner, std::string name)
+      : bytes_(bytes), owner_(std::move(owner)), name_(std::move(name)) {}
+
+  const std::string& name() const override { return name_; }
+  std::uint64_t size() const override { return bytes_.size(); }
+  Backend backend() const override { return Backend::kMemory; }
+  const std::byte* data() const override { return bytes_.data(); }
+  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override {
+    SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
+    return bytes_.subspan(offset, dst.size());
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::shared_ptr<const void> owner_;
+  std::string name_;
+};
+
+class MmapSource final : public Source {
+ public:
+  MmapSource(std::string path, void* base, std::uint64_t size, bool writable)
+      : path_(std::move(path)), base_(base), size_(size), writable_(writable) {
+    g_live_mappings.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~MmapSource() override {
+    if (::munmap(base_, size_) != 0) {
+      std::fprintf(stderr, "safetensors: munmap(\"%s\") failed: %s\n", path_.c_str(), std::strerror(errno));
+    }
+    g_live_mappings.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  const std::string& name() const override { return path_; }
+  std::uint64_t size() const override { return size_; }
+  Backend backend() const override { return Backend::kMmap; }
+  const std::byte* data() const override { return static_cast<const std::byte*>(base_); }
+  bool writable() const override { return writable_; }
+  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override {
+    SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
+    return std::span<const std::byte>(data() + offset, dst.size());
+  }
+  void prefetch(std::uint64_t offset, std::uint64_t length) const override {
+    // madvise needs a page-aligned start.
+    const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (offset >= size_) return;
+    length = std::min(length, size_ - offset);
+    const std::uint64_t start = offset - offset % page;
+    (void)::madvise(static_cast<char*>(base_) + start, length + (offset - start), MADV_WILLNEED);
+  }
+
+ private:
+  std::string path_;
+  void* base_;
+  std::uint64_t size_;
+  bool writable_;
+};
+
+class PreadSource final : public Source {
+ public:
+  PreadSource(std::string path, int fd, std::uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  ~PreadSource() override { close_reporting(fd_, path_); }
+
+  const std::string& name() const override { return path_; }
+  std::uint64_t size() const override { return size_; }
+  Backend backend() const override { return Backend::kPread; }
+  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override {
+    SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
+    SAFETENSORS_RETURN_IF_ERROR(internal::pread_full(fd_, path_, offset, dst));
+    return std::span<const std::byte>(dst);
+  }
+  void prefetch(std::uint64_t offset, std::uint64_t length) const override {
+    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+  std::uint64_t size_;
+};
+
+}  // namespace
+
+Source::~Source() = default;
+
+Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst) {
+  auto got = source.read(offset, dst);
+  if (!got.ok()) return std::move(got).error();
+  if (got->data() != dst.data() && !dst.empty()) std::memcpy(dst.data(), got->data(), dst.size());
+  return ok_status();
+}
+
+Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, Backend backend) {
+  if (backend == Backend::kMemory) {
+    return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return internal::errno_error(path, "open", errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    close_reporting(fd, path);
+    return internal::errno_error(path, "stat", err);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    close_reporting(fd, path);
+    return internal::errno_error(path, "open", EISDIR);
+  }
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  // Only regular, non-empty files are mapped; everything else (and any mapping failure) takes pread.
+  if (backend == Backend::kMmap && S_ISREG(st.st_mode) && size > 0 &&
+      !g_force_pread.load(std::memory_order_relaxed) && size <= SIZE_MAX) {
+    bool writable = true;
+    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (base == MAP_FAILED) {
+      // Without overcommit a writable private mapping may be refused; a read-only one may not be.
+      writable = false;
+      base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    }
+    if (base != MAP_FAILED) {
+      // The mapping holds its own reference to the file; the descriptor is no longer needed.
+      close_reporting(fd, path);
+      return std::shared_ptr<const Source>(std::make_shared<MmapSource>(path, base, size, writable));
+    }
+  }
+  return std::shared_ptr<const Source>(std::make_shared<PreadSource>(path, fd, size));
+}
+
+std::shared_ptr<const Source> memory_source(std::span<const std::byte> bytes, std::shared_ptr<const void> owner,
+                                            std::string name) {
+  return std::make_shared<MemorySource>(bytes, std::move(owner), std::move(name));
+}
+
+namespace testing {
+
+FaultySource::FaultySource(std::shared_ptr<const Source> base) : base_(std::move(base)) {}
+FaultySource::~FaultySource() = default;
+
+const std::string& FaultySource::name() const { return base_->name(); }
+std::uint64_t FaultySource::size() const { return base_->size(); }
+Backend FaultySource::backend() const { return base_->backend(); }
+const std::byte* FaultySource::data() const { return hide_mapping.load() ? nullptr : base_->data(); }
+bool FaultySource::writable() const { return hide_mapping.load() ? false : base_->writable(); }
+
+Result<std::span<const std::byte>> FaultySource::read(std::uint64_t offset, std::span<std::byte> dst) const {
+  reads.fetch_add(1);
+  bytes_read.fetch_add(dst.size());
+  if (short_read.load()) {
+    return Error::io(name(), "file is shorter than expected (it changed after it was opened): injected");
+  }
+  const std::int64_t eio = eio_at_offset.load();
+  if (eio >= 0 && static_cast<std::uint64_t>(eio) >= offset &&
+      static_cast<std::uint64_t>(eio) - offset < dst.size()) {
+    return internal::errno_error(name(), "read", EIO);
+  }
+  return base_->read(offset, dst);
+}
+
+void set_force_pread(bool force) { g_force_pread.store(force); }
+std::uint64_t live_mappings() { return g_live_mappings.load(); }
+
+}  // namespace testing
+}  // namespace safetensors

@@ -1,0 +1,46 @@
+#include "safetensors/dtype.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+namespace safetensors {
+namespace {
+
+TEST(DtypeTest, TableHoldsTheFormatsCodesBitsAndRankOrder) {
+  const char* codes[] = {"BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+                         "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
+                         "C64", "F64", "I64", "U64"};
+  const unsigned bits[] = {8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
+  ASSERT_EQ(kDtypeTable.size(), 22u);
+  for (std::size_t i = 0; i < kDtypeTable.size(); ++i) {
+    EXPECT_EQ(kDtypeTable[i].code, codes[i]);
+    EXPECT_EQ(kDtypeTable[i].bits, bits[i]) << codes[i];
+    EXPECT_EQ(dtype_rank(kDtypeTable[i].dtype), static_cast<int>(i));
+    EXPECT_EQ(dtype_from_code(codes[i]), kDtypeTable[i].dtype);
+  }
+}
+
+TEST(DtypeTest, LookupsRejectUnknownNames) {
+  EXPECT_FALSE(dtype_from_code("F33").has_value());
+  EXPECT_FALSE(dtype_from_code("f32").has_value());
+  EXPECT_FALSE(dtype_from_code("").has_value());
+  EXPECT_FALSE(dtype_from_torch_name("").has_value());  // F6 has no torch name; "" must not find it
+  EXPECT_FALSE(dtype_from_torch_name("float128").has_value());
+}
+
+TEST(DtypeTest, TorchNamesAreUniqueAndRoundTrip) {
+  std::set<std::string_view> seen;
+  for (const auto& row : kDtypeTable) {
+    if (row.torch_name.empty()) continue;
+    EXPECT_TRUE(seen.insert(row.torch_name).second) << row.torch_name;
+    EXPECT_EQ(dtype_from_torch_name(row.torch_name), row.dtype);
+  }
+  EXPECT_EQ(dtype_from_torch_name("bfloat16"), Dtype::kBF16);
+  EXPECT_EQ(dtype_from_torch_name("float4_e2m1fn_x2"), Dtype::kF4);
+  EXPECT_EQ(dtype_from_torch_name("float8_e8m0fnu"), Dtype::kF8_E8M0);
+}
+
+}  // namespace
+}  // namespace safetensors

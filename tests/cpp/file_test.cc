@@ -1,0 +1,233 @@
+// Opening files on every backend, zero-copy views and their lifetimes, reads, parallel reads and files that
+// change under us.
+#include "safetensors/file.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "safetensors/writer.h"
+#include "test_util.h"
+
+namespace safetensors {
+namespace {
+
+using test::TempDir;
+
+struct Fixture {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorData> tensors;
+};
+
+// n tensors of varied dtypes and sizes with deterministic contents.
+Fixture make_tensors(int n, std::size_t big = 0) {
+  Fixture fx;
+  fx.data.reserve(n + 1);
+  for (int i = 0; i < n; ++i) {
+    const Dtype dt = (i % 3 == 0) ? Dtype::kF32 : (i % 3 == 1) ? Dtype::kBF16 : Dtype::kI64;
+    const std::uint64_t rows = 1 + i % 7, cols = 3 + i % 5;
+    fx.data.push_back(test::random_bytes(rows * cols * dtype_bits(dt) / 8, 100 + i));
+    fx.tensors.push_back({"layer." + std::to_string(i) + ".weight", dt, {rows, cols}, fx.data.back()});
+  }
+  if (big) {
+    fx.data.push_back(test::random_bytes(big, 7));
+    fx.tensors.push_back({"big", Dtype::kU8, {big}, fx.data.back()});
+  }
+  return fx;
+}
+
+std::string save(const TempDir& dir, const Fixture& fx, const char* name = "f.safetensors") {
+  const std::string path = dir.file(name);
+  auto st = save_file(path, fx.tensors, Metadata{{"format", "pt"}});
+  EXPECT_TRUE(st.ok()) << st.error().to_string();
+  return path;
+}
+
+bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+
+TEST(FileTest, MissingFileAndDirectory) {
+  TempDir dir;
+  auto f = File::open(dir.file("missing.safetensors"));
+  EXPECT_ST_ERROR(f, kNotFound);
+  EXPECT_EQ(f.error().message(), "No such file or directory: " + dir.file("missing.safetensors"));
+  EXPECT_ST_ERROR(File::open(dir.path().string()), kIo);
+}
+
+TEST(FileTest, OpensOnEveryBackendWithTheSameContents) {
+  TempDir dir;
+  Fixture fx = make_tensors(20);
+  const std::string path = save(dir, fx);
+  auto bytes = std::make_shared<std::string>(test::read_bytes(path));
+  std::vector<File> files;
+  for (Backend b : {Backend::kMmap, Backend::kPread}) {
+    auto f = File::open(path, {.backend = b});
+    ASSERT_ST_OK(f);
+    EXPECT_EQ(f->backend(), b);
+    files.push_back(*f);
+  }
+  auto m = File::open(memory_source(test::as_bytes(*bytes), bytes, "mem"));
+  ASSERT_ST_OK(m);
+  EXPECT_EQ(m->backend(), Backend::kMemory);
+  EXPECT_EQ(m->path(), "mem");
+  files.push_back(*m);
+
+  for (const File& f : files) {
+    EXPECT_EQ(f.tensors().size(), fx.tensors.size());
+    EXPECT_EQ(f.metadata()->at(0).second, "pt");
+    auto keys = f.keys();
+    EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end()));
+    EXPECT_EQ(f.size(), bytes->size());
+    for (const TensorData& t : fx.tensors) {
+      auto info = f.info(t.name);
+      ASSERT_ST_OK(info);
+      std::vector<std::byte> got((*info)->nbytes());
+      ASSERT_ST_OK(f.read_into(**info, got));
+      EXPECT_TRUE(same(got, t.data));
+      auto view = f.view(t.name);
+      if (f.backend() == Backend::kPread) {
+        EXPECT_ST_ERROR(view, kInvalidArgument);
+      } else {
+        ASSERT_ST_OK(view);
+        EXPECT_TRUE(same(view->bytes, t.data));
+        EXPECT_EQ(view->writable, f.backend() == Backend::kMmap);
+      }
+    }
+    auto missing = f.info("nope");
+    EXPECT_ST_ERROR(missing, kTensorNotFound);
+    EXPECT_EQ(missing.error().message(), "File does not contain tensor nope");
+    std::vector<std::byte> wrong(3);
+    EXPECT_ST_ERROR(f.read_into("layer.0.weight", wrong), kInvalidArgument);
+    EXPECT_ST_ERROR(f.read_into("nope", wrong), kTensorNotFound);
+  }
+}
+
+TEST(FileTest, ViewsOutliveTheFileAndReleaseTheMappingWithTheLastView) {
+  TempDir dir;
+  Fixture fx = make_tensors(3);
+  const std::string path = save(dir, fx);
+  const std::uint64_t before = testing::live_mappings();
+  TensorView view;
+  {
+    auto f = File::open(path);
+    ASSERT_ST_OK(f);
+    EXPECT_EQ(testing::live_mappings(), before + 1);
+    auto v = f->view("layer.1.weight");
+    ASSERT_ST_OK(v);
+    view = *v;
+  }
+  EXPECT_EQ(testing::live_mappings(), before + 1);  // the view keeps it
+  EXPECT_TRUE(same(view.bytes, fx.tensors[1].data));
+  // Writing through a copy-on-write view never reaches the file.
+  const std::string on_disk = test::read_bytes(path);
+  const_cast<std::byte&>(view.bytes[0]) = ~view.bytes[0];
+  EXPECT_EQ(test::read_bytes(path), on_disk);
+  view = {};
+  EXPECT_EQ(testing::live_mappings(), before);
+}
+
+TEST(FileTest, ForcePreadHookAndEmptyFiles) {
+  TempDir dir;
+  const std::string path = save(dir, make_tensors(2));
+  testing::set_force_pread(true);
+  auto f = File::open(path, {.backend = Backend::kMmap});
+  testing::set_force_pread(false);
+  ASSERT_ST_OK(f);
+  EXPECT_EQ(f->backend(), Backend::kPread);
+  test::write_bytes(dir.file("empty"), "");
+  EXPECT_ST_ERROR(File::open(dir.file("empty")), kHeaderTooSmall);
+}
+
+TEST(FileTest, ReadManyInParallelOnBothBackends) {
+  TempDir dir;
+  Fixture fx = make_tensors(50, 40u << 20);  // a 40 MiB tensor is split across threads
+  const std::string path = save(dir, fx);
+  for (Backend b : {Backend::kMmap, Backend::kPread}) {
+    auto f = File::open(path, {.backend = b});
+    ASSERT_ST_OK(f);
+    for (unsigned threads : {0u, 1u, 3u, 8u}) {
+      std::vector<std::vector<std::byte>> out;
+      std::vector<ReadRequest> reqs;
+      out.reserve(fx.tensors.size());
+      for (const TensorData& t : fx.tensors) {
+        const TensorInfo* info = f->find(t.name);
+        out.emplace_back(info->nbytes());
+        reqs.push_back({info, out.back()});
+      }
+      ASSERT_ST_OK(f->read_many(reqs, threads));
+      for (std::size_t i = 0; i < fx.tensors.size(); ++i) EXPECT_TRUE(same(out[i], fx.tensors[i].data));
+    }
+    std::vector<std::byte> small(1);
+    ReadRequest bad{f->find("big"), small};
+    EXPECT_ST_ERROR(f->read_many({&bad, 1}), kInvalidArgument);
+  }
+}
+
+TEST(FileTest, EightThreadsReadOnePreadFileConcurrently) {
+  TempDir dir;
+  Fixture fx = make_tensors(64, 4u << 20);
+  const std::string path = save(dir, fx);
+  auto f = File::open(path, {.backend = Backend::kPread});
+  ASSERT_ST_OK(f);
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (std::size_t i = t; i < fx.tensors.size(); i += 3) {
+          const TensorData& td = fx.tensors[i];
+          std::vector<std::byte> got(td.data.size());
+          if (!f->read_into(td.name, got).ok() || !same(got, td.data)) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST(FileTest, AFileThatShrinksAfterOpenGivesAnErrorOnThePreadPath) {
+  TempDir dir;
+  Fixture fx = make_tensors(4, 1u << 20);
+  const std::string path = save(dir, fx);
+  auto f = File::open(path, {.backend = Backend::kPread});
+  ASSERT_ST_OK(f);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(f->data_offset() + 16)), 0);
+  std::vector<std::byte> got(1u << 20);
+  auto st = f->read_into("big", got);
+  EXPECT_ST_ERROR(st, kIo);
+  EXPECT_NE(st.error().message().find("shorter than expected"), std::string::npos);
+  std::vector<ReadRequest> reqs = {{f->find("big"), got}};
+  EXPECT_ST_ERROR(f->read_many(reqs), kIo);
+}
+
+TEST(FileTest, FaultySourceInjectsReadErrors) {
+  TempDir dir;
+  Fixture fx = make_tensors(4, 1u << 16);
+  const std::string path = save(dir, fx);
+  auto base = open_file_source(path, Backend::kPread);
+  ASSERT_ST_OK(base);
+  auto faulty = std::make_shared<testing::FaultySource>(*base);
+  auto f = File::open(faulty);
+  ASSERT_ST_OK(f);
+  const TensorInfo* big = f->find("big");
+  std::vector<std::byte> got(big->nbytes());
+  faulty->eio_at_offset = static_cast<std::int64_t>(f->data_offset() + big->begin + 100);
+  auto st = f->read_into(*big, got);
+  EXPECT_ST_ERROR(st, kIo);
+  EXPECT_NE(st.error().message().find("Input/output error"), std::string::npos);
+  faulty->eio_at_offset = -1;
+  faulty->short_read = true;
+  EXPECT_ST_ERROR(f->read_into(*big, got), kIo);
+  faulty->short_read = false;
+  ASSERT_ST_OK(f->read_into(*big, got));
+  EXPECT_TRUE(same(got, fx.data.back()));
+  // A failed header read fails the open.
+  faulty->short_read = true;
+  EXPECT_ST_ERROR(File::open(faulty), kIo);
+}
+
+}  // namespace
+}  // namespace safetensors

@@ -1,0 +1,103 @@
+// Shared helpers for the C++ tests: Status matchers, temporary directories and raw file builders.
+#ifndef SAFETENSORS_TESTS_TEST_UTIL_H_
+#define SAFETENSORS_TESTS_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "safetensors/error.h"
+#include "safetensors/file.h"
+#include "safetensors/writer.h"
+
+namespace safetensors::test {
+
+// ASSERT_ST_OK(status_or_result): fails with the error's full text.
+#define ASSERT_ST_OK(expr)                                                     \
+  do {                                                                         \
+    const auto& st_ok_ = (expr);                                               \
+    ASSERT_TRUE(st_ok_.ok()) << st_ok_.error().to_string();                    \
+  } while (0)
+#define EXPECT_ST_OK(expr)                                                     \
+  do {                                                                         \
+    const auto& st_ok_ = (expr);                                               \
+    EXPECT_TRUE(st_ok_.ok()) << st_ok_.error().to_string();                    \
+  } while (0)
+// EXPECT_ST_ERROR(expr, kind): the expression failed with exactly this Error::Kind.
+#define EXPECT_ST_ERROR(expr, expected_kind)                                   \
+  do {                                                                         \
+    const auto& st_err_ = (expr);                                              \
+    ASSERT_FALSE(st_err_.ok()) << "expected " #expected_kind;                  \
+    EXPECT_EQ(st_err_.error().kind(), ::safetensors::Error::Kind::expected_kind) \
+        << st_err_.error().to_string();                                        \
+  } while (0)
+
+inline std::span<const std::byte> as_bytes(std::string_view s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+inline std::string to_string(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+// 8-byte little-endian length + header + data.
+inline std::string raw_file(std::string_view header, std::string_view data = {}, std::uint64_t declared = UINT64_MAX) {
+  const std::uint64_t n = declared == UINT64_MAX ? header.size() : declared;
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out.append(header);
+  out.append(data);
+  return out;
+}
+
+// A directory removed (recursively) when the object dies.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() / ("st_test_" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(std::string_view name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void write_bytes(const std::string& path, std::string_view bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Opens in-memory bytes (kept alive by the Source).
+inline Result<File> open_bytes(std::string bytes, const OpenOptions& options = {}) {
+  auto owner = std::make_shared<std::string>(std::move(bytes));
+  return File::open(memory_source(as_bytes(*owner), owner), options);
+}
+
+// Deterministic pseudo-random bytes.
+inline std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> out(n);
+  for (auto& b : out) b = static_cast<std::byte>(rng() & 0xff);
+  return out;
+}
+
+}  // namespace safetensors::test
+
+#endif  // SAFETENSORS_TESTS_TEST_UTIL_H_
