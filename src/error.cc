@@ -68,7 +68,11 @@ std::string_view Error::token() const {
 // All human text lives here. Where the reference has a fixed text for a failure, the text starts with it.
 std::string Error::message() const {
   std::string s;
-  const std::string quoted = "`" + tensor_ + "`";
+  std::string quoted;
+  quoted.reserve(tensor_.size() + 2);
+  quoted.push_back('`');
+  quoted.append(tensor_);
+  quoted.push_back('`');
   switch (kind_) {
     case Kind::kHeaderTooSmall: s = "header too small"; break;
     case Kind::kHeaderTooLarge: s = "header too large"; break;

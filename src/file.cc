@@ -5,7 +5,6 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "checked.h"
@@ -15,13 +14,9 @@ namespace safetensors {
 
 struct File::State {
   std::shared_ptr<const Source> source;
-  std::uint64_t header_length = 0;
-  std::vector<TensorInfo> tensors;
-  std::optional<Metadata> metadata;
-  // Keys view the names stored in `tensors`, which never change after construction.
-  std::unordered_map<std::string_view, std::uint32_t> index;
+  internal::ParsedHeader header;
 
-  std::uint64_t data_offset() const { return 8 + header_length; }
+  std::uint64_t data_offset() const { return 8 + header.header_length; }
 };
 
 namespace {
@@ -50,11 +45,7 @@ Result<File> File::open(std::shared_ptr<const Source> source, const OpenOptions&
   SAFETENSORS_ASSIGN_OR_RETURN(auto parsed, internal::read_header(*source, options.max_header_bytes));
   auto state = std::make_shared<State>();
   state->source = std::move(source);
-  state->header_length = parsed.header_length;
-  state->tensors = std::move(parsed.tensors);
-  state->metadata = std::move(parsed.metadata);
-  state->index.reserve(state->tensors.size());
-  for (std::uint32_t i = 0; i < state->tensors.size(); ++i) state->index.emplace(state->tensors[i].name, i);
+  state->header = std::move(parsed);
   return File(std::move(state));
 }
 
@@ -62,22 +53,23 @@ const std::string& File::path() const { return state_->source->name(); }
 Backend File::backend() const { return state_->source->backend(); }
 const std::shared_ptr<const Source>& File::source() const { return state_->source; }
 std::uint64_t File::data_offset() const { return state_->data_offset(); }
-std::uint64_t File::header_length() const { return state_->header_length; }
+std::uint64_t File::header_length() const { return state_->header.header_length; }
 std::uint64_t File::size() const { return state_->source->size(); }
-const std::vector<TensorInfo>& File::tensors() const { return state_->tensors; }
-const std::optional<Metadata>& File::metadata() const { return state_->metadata; }
+const std::vector<TensorInfo>& File::tensors() const { return state_->header.tensors; }
+const std::optional<Metadata>& File::metadata() const { return state_->header.metadata; }
 
 std::vector<std::string_view> File::keys() const {
   std::vector<std::string_view> keys;
-  keys.reserve(state_->tensors.size());
-  for (const TensorInfo& t : state_->tensors) keys.emplace_back(t.name);
+  keys.reserve(tensors().size());
+  for (const TensorInfo& t : tensors()) keys.emplace_back(t.name);
   std::sort(keys.begin(), keys.end());
   return keys;
 }
 
 const TensorInfo* File::find(std::string_view name) const {
-  auto it = state_->index.find(name);
-  return it == state_->index.end() ? nullptr : &state_->tensors[it->second];
+  const auto& all = tensors();
+  const std::int64_t i = state_->header.index.find(name, [&](std::size_t k) { return all[k].name; });
+  return i < 0 ? nullptr : &all[static_cast<std::size_t>(i)];
 }
 
 Result<const TensorInfo*> File::info(std::string_view name) const {
@@ -95,7 +87,7 @@ Result<TensorView> File::view(const TensorInfo& tensor) const {
   const Source& src = *state_->source;
   const std::byte* base = src.data();
   if (base == nullptr) {
-    return Error::invalid_argument(path(), "tensor `" + tensor.name +
+    return Error::invalid_argument(path(), "tensor `" + std::string(tensor.name) +
                                                "`: zero-copy views need the mmap or memory backend; this file is "
                                                "read with pread (use read_into)");
   }
@@ -114,7 +106,7 @@ Status File::read_into(std::string_view name, std::span<std::byte> dst) const {
 
 Status File::read_into(const TensorInfo& tensor, std::span<std::byte> dst) const {
   if (dst.size() != tensor.nbytes()) {
-    return Error::invalid_argument(path(), "tensor `" + tensor.name + "` has " + std::to_string(tensor.nbytes()) +
+    return Error::invalid_argument(path(), "tensor `" + std::string(tensor.name) + "` has " + std::to_string(tensor.nbytes()) +
                                                " bytes but the destination holds " + std::to_string(dst.size()));
   }
   return read_exact(*state_->source, data_offset() + tensor.begin, dst);
@@ -126,12 +118,12 @@ Result<SlicePlan> File::plan_slice(const TensorInfo& tensor, std::span<const Sli
 
 Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const {
   if (dst.size() != plan.nbytes()) {
-    return Error::invalid_argument(path(), "slice of tensor `" + tensor.name + "` has " +
+    return Error::invalid_argument(path(), "slice of tensor `" + std::string(tensor.name) + "` has " +
                                                std::to_string(plan.nbytes()) + " bytes but the destination holds " +
                                                std::to_string(dst.size()));
   }
   if (plan.source_end() > tensor.nbytes()) {
-    return Error::invalid_argument(path(), "slice plan does not belong to tensor `" + tensor.name + "`");
+    return Error::invalid_argument(path(), "slice plan does not belong to tensor `" + std::string(tensor.name) + "`");
   }
   const Source& src = *state_->source;
   const std::uint64_t base = data_offset() + tensor.begin;
@@ -199,7 +191,7 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
   for (const ReadRequest& r : requests) {
     if (r.tensor == nullptr || r.dst.size() != r.tensor->nbytes()) {
       return Error::invalid_argument(path(), "read_many: destination size does not match tensor `" +
-                                                 (r.tensor ? r.tensor->name : std::string("<null>")) + "`");
+                                                 (r.tensor ? std::string(r.tensor->name) : std::string("<null>")) + "`");
     }
     const std::uint64_t start = data_offset() + r.tensor->begin;
     for (std::uint64_t off = 0; off < r.dst.size(); off += kReadChunk) {

@@ -7,7 +7,6 @@
 #include <memory>
 #include <numeric>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "checked.h"
@@ -20,7 +19,14 @@ static_assert(kJsonPadding >= simdjson::SIMDJSON_PADDING, "padding must satisfy 
 using simdjson::dom::element;
 using simdjson::dom::element_type;
 
-std::string quote(std::string_view s) { return "`" + std::string(s) + "`"; }
+std::string quote(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  out.push_back('`');
+  out.append(s);
+  out.push_back('`');
+  return out;
+}
 
 std::string type_name(element_type t) {
   switch (t) {
@@ -70,7 +76,9 @@ class Parser {
     return ok_status();
   }
 
-  Status parse_tensor(std::string_view name, element value, TensorInfo* t) const {
+  // Parses one entry into *t (name excepted). The shape is appended to *dims; *t->shape is set by the caller
+  // once `dims` stops growing.
+  Status parse_tensor(std::string_view name, element value, TensorInfo* t, std::vector<std::uint64_t>* dims) const {
     simdjson::dom::object obj;
     if (value.get_object().get(obj) != simdjson::SUCCESS) {
       return json_error("entry for tensor " + quote(name) + " must be an object, found " + type_name(value.type()));
@@ -111,7 +119,7 @@ class Parser {
                               " must hold non-negative integers below 2^64, found " + type_name(dim.type()) +
                               (dim.type() == element_type::INT64 ? " that is negative" : ""));
           }
-          t->shape.push_back(d);
+          dims->push_back(d);
         }
       } else {
         simdjson::dom::array arr;
@@ -195,7 +203,12 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   }
 
   ParsedHeader out;
-  std::vector<TensorInfo> in_header_order;
+  // Unescaped keys are never longer than their JSON text, so an arena of json.size() bytes holds every name
+  // and never reallocates: the views into it stay valid.
+  out.names = std::make_unique_for_overwrite<char[]>(json.size());
+  std::size_t names_used = 0;
+  std::vector<std::size_t> shape_start;  // per tensor, its first dim in out.dims
+  out.tensors.reserve(std::min<std::size_t>(obj.size(), json.size() / 16 + 1));
   bool have_metadata = false;
   for (auto kv : obj) {
     if (kv.key == "__metadata__") {
@@ -204,30 +217,31 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
       SAFETENSORS_RETURN_IF_ERROR(p.parse_metadata(kv.value, &out.metadata));
       continue;
     }
-    TensorInfo& t = in_header_order.emplace_back();
-    t.name.assign(kv.key);
-    SAFETENSORS_RETURN_IF_ERROR(p.parse_tensor(kv.key, kv.value, &t));
+    if (kv.key.size() > json.size() - names_used) return p.json_error("tensor names longer than the header");
+    std::memcpy(out.names.get() + names_used, kv.key.data(), kv.key.size());
+    TensorInfo& t = out.tensors.emplace_back();
+    t.name = std::string_view(out.names.get() + names_used, kv.key.size());
+    names_used += kv.key.size();
+    shape_start.push_back(out.dims.size());
+    SAFETENSORS_RETURN_IF_ERROR(p.parse_tensor(kv.key, kv.value, &t, &out.dims));
   }
-
-  // Duplicate names are part of step 5: detect them before looking at offsets.
-  {
-    std::unordered_set<std::string_view> names;
-    names.reserve(in_header_order.size());
-    for (const TensorInfo& t : in_header_order) {
-      if (!names.insert(t.name).second) return p.json_error("duplicate tensor name " + quote(t.name));
-    }
+  for (std::size_t i = 0; i < out.tensors.size(); ++i) {
+    const std::size_t end = i + 1 < shape_start.size() ? shape_start[i + 1] : out.dims.size();
+    out.tensors[i].shape = std::span<const std::uint64_t>(out.dims.data() + shape_start[i], end - shape_start[i]);
   }
 
   // Step 6 walks tensors in data_offsets order; ties keep header order, which is also the file order.
-  std::vector<std::uint32_t> order(in_header_order.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    const TensorInfo& x = in_header_order[a];
-    const TensorInfo& y = in_header_order[b];
+  // Writers emit offset order, so the sort is usually skipped.
+  auto by_offsets = [](const TensorInfo& x, const TensorInfo& y) {
     return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
-  });
-  out.tensors.reserve(order.size());
-  for (std::uint32_t i : order) out.tensors.push_back(std::move(in_header_order[i]));
+  };
+  if (!std::is_sorted(out.tensors.begin(), out.tensors.end(), by_offsets)) {
+    std::stable_sort(out.tensors.begin(), out.tensors.end(), by_offsets);
+  }
+
+  // Duplicate names are part of step 5: detect them before looking at offsets.
+  const std::size_t dup = out.index.build(out.tensors.size(), [&](std::size_t i) { return out.tensors[i].name; });
+  if (dup != out.tensors.size()) return p.json_error("duplicate tensor name " + quote(out.tensors[dup].name));
 
   SAFETENSORS_RETURN_IF_ERROR(validate_layout(out.tensors, data_length, context));
   out.header_length = json.size();

@@ -50,11 +50,12 @@ struct OpenOptions {
   std::uint64_t max_header_bytes = kDefaultMaxHeaderBytes;
 };
 
-// One tensor's entry in the header.
+// One tensor's entry in the header. The name and shape view memory owned by the File they came from: they are
+// valid while any copy of that File is alive.
 struct TensorInfo {
-  std::string name;
+  std::string_view name;
   Dtype dtype = Dtype::kU8;
-  std::vector<std::uint64_t> shape;
+  std::span<const std::uint64_t> shape;
   // data_offsets: [begin, end) relative to the start of the data buffer.
   std::uint64_t begin = 0;
   std::uint64_t end = 0;

@@ -24,7 +24,7 @@ TEST(HeaderTest, AcceptsMinimalFiles) {
   ASSERT_EQ(g->tensors().size(), 1u);
   EXPECT_EQ(g->tensors()[0].name, "a");
   EXPECT_EQ(g->tensors()[0].dtype, Dtype::kF32);
-  EXPECT_EQ(g->tensors()[0].shape, std::vector<std::uint64_t>{1});
+  EXPECT_EQ(test::shape_of(g->tensors()[0]), std::vector<std::uint64_t>{1});
 }
 
 TEST(HeaderTest, AcceptsAnyLengthAndWhitespaceAroundTheObject) {
@@ -150,7 +150,7 @@ TEST(HeaderTest, ZeroSizeTensorsMayShareAnOffset) {
   ASSERT_ST_OK(f);
   // File order: by offsets, ties in header order.
   std::vector<std::string> order;
-  for (const auto& t : f->tensors()) order.push_back(t.name);
+  for (const auto& t : f->tensors()) order.emplace_back(t.name);
   EXPECT_EQ(order, (std::vector<std::string>{"z2", "z1", "a", "z3"}));
   std::vector<std::string_view> keys = f->keys();
   EXPECT_EQ(keys, (std::vector<std::string_view>{"a", "z1", "z2", "z3"}));

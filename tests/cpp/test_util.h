@@ -90,6 +90,8 @@ inline Result<File> open_bytes(std::string bytes, const OpenOptions& options = {
   return File::open(memory_source(as_bytes(*owner), owner), options);
 }
 
+inline std::vector<std::uint64_t> shape_of(const TensorInfo& t) { return {t.shape.begin(), t.shape.end()}; }
+
 // Deterministic pseudo-random bytes.
 inline std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);

@@ -1,0 +1,29 @@
+"""safetensors: a strict, fast C++ implementation of the safetensors format, drop-in for the reference package.
+
+``from safetensors import safe_open`` and ``from safetensors.torch import load_file`` work as with the
+reference; see README.md for where this package deliberately does better.
+"""
+
+from ._core import (  # noqa: F401
+    SafetensorError,
+    SafetensorSliceError,
+    TensorSpec,
+    _safe_open_handle,
+    deserialize,
+    safe_open,
+    serialize,
+    serialize_file,
+)
+
+__version__ = "0.8.0+cpp.1"
+
+__all__ = [
+    "SafetensorError",
+    "SafetensorSliceError",
+    "TensorSpec",
+    "__version__",
+    "deserialize",
+    "safe_open",
+    "serialize",
+    "serialize_file",
+]

@@ -1,0 +1,390 @@
+"""The framework-independent Python surface: safe_open, serialize/deserialize, TensorSpec.
+
+Everything here talks to the C++ library through ``_safetensors_cpp`` and to frameworks through one
+``Framework`` adapter per framework (``safetensors.torch``, ``safetensors.numpy``, ...), so a framework module
+only says how to build and unpack its tensors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _safetensors_cpp as _cpp
+from ._safetensors_cpp import SafetensorError, SafetensorSliceError
+from ._slicing import IndexPlan, parse_index
+
+__all__ = [
+    "SafetensorError",
+    "SafetensorSliceError",
+    "TensorSpec",
+    "deserialize",
+    "safe_open",
+    "_safe_open_handle",
+    "serialize",
+    "serialize_file",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class DtypeRow(NamedTuple):
+    code: str
+    bits: int
+    torch_name: str
+    numpy_name: str
+
+
+#: The one dtype table, read from the C++ library, in rank order.
+DTYPES: Dict[str, DtypeRow] = {row[0]: DtypeRow(*row) for row in _cpp.dtype_table()}
+_CODE_BY_TORCH_NAME: Dict[str, str] = {r.torch_name: r.code for r in DTYPES.values() if r.torch_name}
+
+_FRAMEWORK_MODULES = {
+    "pt": "torch",
+    "torch": "torch",
+    "pytorch": "torch",
+    "np": "numpy",
+    "numpy": "numpy",
+    "tf": "tensorflow",
+    "tensorflow": "tensorflow",
+    "flax": "flax",
+    "jax": "flax",
+    "mlx": "mlx",
+    "paddle": "paddle",
+}
+
+_BACKENDS = ("mmap", "pread")
+
+
+def _fspath(filename: Any) -> str:
+    path = os.fspath(filename)
+    return path.decode() if isinstance(path, bytes) else path
+
+
+def framework_adapter(framework: str) -> "Framework":
+    """The adapter for a framework name (``pt``, ``np``, ...); SafetensorError for an unknown name."""
+    module = _FRAMEWORK_MODULES.get(framework) if isinstance(framework, str) else None
+    if module is None:
+        raise SafetensorError(f"framework {framework} is invalid")
+    return importlib.import_module(f"safetensors.{module}")._ADAPTER
+
+
+class Framework:
+    """How one framework builds and unpacks tensors. Subclasses implement the primitives below; the loading
+    strategies (zero-copy views, parallel reads, slices) are shared."""
+
+    #: Name used in messages, as the reference spells it.
+    name = "framework"
+
+    # -- devices -------------------------------------------------------------------------------------
+    def resolve_device(self, device: Any) -> Any:
+        """The device tensors are delivered to; only the CPU unless a framework overrides this."""
+        from ._devices import parse_reference_device
+
+        spec = parse_reference_device(device)
+        if spec != "cpu":
+            raise SafetensorError(f"Device {device} is not supported for framework {self.name}")
+        return "cpu"
+
+    def is_cpu(self, device: Any) -> bool:
+        return device == "cpu"
+
+    def is_meta(self, device: Any) -> bool:
+        return False
+
+    # -- primitives ------------------------------------------------------------------------------------
+    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> Any:
+        """A CPU tensor over ``buffer`` without copying (it keeps the buffer alive)."""
+        raise NotImplementedError
+
+    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[Any, int]:
+        """A new CPU tensor to read into, and the address of its first byte."""
+        raise NotImplementedError
+
+    def meta(self, code: str, shape: Tuple[int, ...], device: Any) -> Any:
+        raise NotImplementedError
+
+    def finish(self, tensor: Any, code: str, shape: Tuple[int, ...]) -> Any:
+        """Turns a destination filled by a read (see ``empty``) into the tensor of ``shape``."""
+        return tensor
+
+    def to_device(self, tensor: Any, device: Any) -> Any:
+        return tensor
+
+    def reshape(self, tensor: Any, shape: Tuple[int, ...]) -> Any:
+        return tensor.reshape(shape)
+
+    def stack(self, tensors: List[Any], axis: int) -> Any:
+        raise NotImplementedError
+
+    # -- loading strategies ------------------------------------------------------------------------------
+    def load_one(self, reader: "_Reader", name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> Any:
+        code, shape, begin, end = info
+        if self.is_meta(reader.device):
+            return self.meta(code, shape, reader.device)
+        mv = reader.memoryview()
+        if mv is not None and reader.zero_copy:
+            tensor = self.view(mv[begin:end], code, shape)
+        else:
+            tensor, ptr = self.empty(code, shape)
+            if end > begin:
+                reader.file.read_into(name, ptr, end - begin)
+            tensor = self.finish(tensor, code, shape)
+        return self.to_device(tensor, reader.device)
+
+    def load_all(self, reader: "_Reader", infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Dict[str, Any]:
+        if self.is_meta(reader.device) or (reader.zero_copy and reader.memoryview() is not None):
+            return {name: self.load_one(reader, name, info) for name, info in infos}
+        # Materialized: allocate every destination, then one parallel read with the GIL released.
+        out: Dict[str, Any] = {}
+        requests = []
+        for name, (code, shape, begin, end) in infos:
+            tensor, ptr = self.empty(code, shape)
+            out[name] = tensor
+            if end > begin:
+                requests.append((name, ptr, end - begin))
+        if requests:
+            reader.file.read_many(requests)
+        return {
+            name: self.to_device(self.finish(out[name], code, shape), reader.device)
+            for name, (code, shape, _, _) in infos
+        }
+
+    def load_copies(self, file: "_cpp.File") -> Dict[str, Any]:
+        """Every tensor of ``file`` copied into memory of its own, on the CPU (for ``load(bytes)``)."""
+        return self.load_all(_Reader(file, self, self.resolve_device("cpu"), zero_copy=False), file.infos())
+
+    def load_slice(self, reader: "_Reader", name: str, code: str, plan: IndexPlan) -> Any:
+        reads = plan.reads()
+        if self.is_meta(reader.device):
+            shape = plan.meta_shape(reader.file.plan_slice(name, reads[0]).shape)
+            return self.meta(code, shape, reader.device)
+        parts = []
+        for spec in reads:
+            native = reader.file.plan_slice(name, spec)
+            tensor, ptr = self.empty(code, native.shape)
+            if native.nbytes:
+                reader.file.read_slice(name, native, ptr)
+            parts.append(self.finish(tensor, code, native.shape))
+        tensor = parts[0] if plan.gather_axis is None else self.stack(parts, plan.gather_axis)
+        if plan.has_newaxis:
+            tensor = self.reshape(tensor, plan.result_shape(tuple(tensor.shape)))
+        return self.to_device(tensor, reader.device)
+
+
+class _Reader:
+    """What tensors and slice objects need from an open file: it outlives the safe_open that made it."""
+
+    __slots__ = ("file", "adapter", "device", "zero_copy", "_mv")
+
+    def __init__(self, file: "_cpp.File", adapter: Framework, device: Any, zero_copy: bool) -> None:
+        self.file = file
+        self.adapter = adapter
+        self.device = device
+        self.zero_copy = zero_copy
+        self._mv: Optional[memoryview] = None
+
+    def memoryview(self) -> Optional[memoryview]:
+        if self._mv is None:
+            buf = self.file.buffer()
+            if buf is None:
+                return None
+            self._mv = memoryview(buf)
+        return self._mv
+
+
+class safe_open:
+    """Opens a safetensors file lazily and returns tensors as asked.
+
+    Args:
+        filename: the file to open.
+        framework: ``pt``/``torch``/``pytorch``, ``np``/``numpy``, ``tf``/``tensorflow``, ``flax``/``jax``,
+            ``mlx`` or ``paddle``.
+        device: where tensors are delivered (``"cpu"``, ``"cuda:0"``, ``"npu:1"``, an int, a ``torch.device``,
+            ``"meta"``...). Non-CPU devices need ``pt`` (or ``paddle``).
+        backend: ``"mmap"`` (CPU tensors are zero-copy, copy-on-write views of the file) or ``"pread"``
+            (tensors own their memory, read with positional reads).
+    """
+
+    def __init__(self, filename: PathLike, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> None:
+        adapter = framework_adapter(framework)
+        resolved = adapter.resolve_device(device)
+        if backend not in _BACKENDS:
+            raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+        file = _cpp.File(_fspath(filename), backend)
+        # Zero-copy views only make sense for CPU tensors; accelerators get materialized reads.
+        zero_copy = backend == "mmap" and adapter.is_cpu(resolved)
+        self._reader: Optional[_Reader] = _Reader(file, adapter, resolved, zero_copy)
+
+    def _open(self) -> _Reader:
+        if self._reader is None:
+            raise SafetensorError("File is closed")
+        return self._reader
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self._reader = None
+
+    def keys(self) -> List[str]:
+        """Tensor names, sorted."""
+        return self._open().file.keys()
+
+    def offset_keys(self) -> List[str]:
+        """Tensor names in the order of their data in the file."""
+        return self._open().file.offset_keys()
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The ``__metadata__`` map, or None."""
+        return self._open().file.metadata()
+
+    def get_tensor(self, name: str) -> Any:
+        """The whole tensor ``name``, in the framework and on the device this file was opened for."""
+        reader = self._open()
+        return reader.adapter.load_one(reader, name, reader.file.info(name))
+
+    def get_tensors(self) -> Dict[str, Any]:
+        """Every tensor, keyed by name, in file order."""
+        reader = self._open()
+        return reader.adapter.load_all(reader, reader.file.infos())
+
+    def get_slice(self, name: str) -> "SafeSlice":
+        """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
+        reader = self._open()
+        return SafeSlice(reader, name, reader.file.info(name))
+
+
+class SafeSlice:
+    """A tensor not read yet: ``get_shape()``, ``get_dtype()``, and ``[index]`` with numpy semantics."""
+
+    __slots__ = ("_reader", "_name", "_info")
+
+    def __init__(self, reader: _Reader, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> None:
+        self._reader = reader
+        self._name = name
+        self._info = info
+
+    def get_shape(self) -> List[int]:
+        return list(self._info[1])
+
+    def get_dtype(self) -> str:
+        return self._info[0]
+
+    def __len__(self) -> int:
+        shape = self._info[1]
+        if not shape:
+            raise TypeError("len() of a 0-d tensor")
+        return shape[0]
+
+    def __getitem__(self, index: Any) -> Any:
+        plan = parse_index(index, len(self._info[1]))
+        return self._reader.adapter.load_slice(self._reader, self._name, self._info[0], plan)
+
+
+def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> safe_open:
+    """Opens the file behind an open file object (by its ``name``)."""
+    return safe_open(f.name, framework, device, backend=backend)
+
+
+class TensorSpec:
+    """One tensor for :func:`serialize` / :func:`serialize_file`: raw memory described by a torch-style dtype
+    name and a shape. The caller keeps ``data_ptr`` valid until the call returns.
+
+    For ``float4_e2m1fn_x2`` the storage shape (two values per byte) is accepted and the last dimension is
+    doubled, so ``shape`` is always the logical element count written to the header.
+    """
+
+    __slots__ = ("_dtype", "_shape", "_data_ptr", "_data_len")
+
+    def __init__(self, *, dtype: str, shape: Sequence[int], data_ptr: int, data_len: int) -> None:
+        code = _CODE_BY_TORCH_NAME.get(dtype) if isinstance(dtype, str) else None
+        if code is None:
+            supported = ", ".join(r.torch_name for r in DTYPES.values() if r.torch_name)
+            raise SafetensorError(f'Unknown dtype "{dtype}". Supported dtypes: {supported}')
+        dims = [int(d) for d in shape]
+        if code == "F4" and dims:
+            dims[-1] *= 2
+        self._dtype = code
+        self._shape = dims
+        self._data_ptr = int(data_ptr)
+        self._data_len = int(data_len)
+
+    @property
+    def dtype(self) -> str:
+        """The format code written to the header, e.g. ``"F32"``."""
+        return self._dtype
+
+    @property
+    def shape(self) -> List[int]:
+        return list(self._shape)
+
+    @property
+    def data_ptr(self) -> int:
+        return self._data_ptr
+
+    @property
+    def data_len(self) -> int:
+        return self._data_len
+
+    def __repr__(self) -> str:
+        return f"TensorSpec(dtype={self._dtype!r}, shape={self._shape}, data_ptr={self._data_ptr:#x}, data_len={self._data_len})"
+
+
+def _specs(tensor_dict: Mapping[str, TensorSpec]) -> List[tuple]:
+    if not isinstance(tensor_dict, Mapping):
+        raise TypeError(f"argument 'tensor_dict': '{type(tensor_dict).__name__}' object is not a dict")
+    out = []
+    for name, spec in tensor_dict.items():
+        if not isinstance(spec, TensorSpec):
+            raise TypeError(f"argument 'tensor_dict': '{type(spec).__name__}' object is not an instance of 'TensorSpec'")
+        out.append((name, spec._dtype, spec._shape, spec._data_ptr, spec._data_len))
+    return out
+
+
+def _metadata(metadata: Optional[Mapping[str, str]]) -> Optional[List[Tuple[str, str]]]:
+    if metadata is None:
+        return None
+    items = list(metadata.items())
+    for key, value in items:
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"metadata must map str to str, got {type(key).__name__} -> {type(value).__name__} for key {key!r}"
+            )
+    return items
+
+
+def serialize(tensor_dict: Dict[str, TensorSpec], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """Serializes raw tensors (see :class:`TensorSpec`) to the bytes of a safetensors file."""
+    return _cpp.serialize(_specs(tensor_dict), _metadata(metadata))
+
+
+def serialize_file(
+    tensor_dict: Dict[str, TensorSpec],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    fsync: bool = False,
+) -> None:
+    """Writes raw tensors to ``filename`` atomically (temporary file + rename); ``fsync=True`` also makes the
+    new file durable before returning."""
+    _cpp.serialize_file(_specs(tensor_dict), _fspath(filename), _metadata(metadata), fsync)
+
+
+def deserialize(bytes: Union[bytes, bytearray, memoryview]) -> List[Tuple[str, Dict[str, Any]]]:
+    """Parses and validates the bytes of a file: ``[(name, {"dtype", "shape", "data": bytearray})]`` in file
+    order."""
+    file = _cpp.File.from_buffer(bytes)
+    mv = memoryview(file.buffer())
+    return [
+        (name, {"dtype": code, "shape": list(shape), "data": bytearray(mv[begin:end])})
+        for name, (code, shape, begin, end) in file.infos()
+    ]
+
+
+def open_bytes(data: Any) -> _cpp.File:
+    """A validated in-memory file over a bytes-like object; errors use the reference's bytes prefix."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"argument 'bytes': '{type(data).__name__}' object is not an instance of 'bytes'")
+    return _cpp.File.from_buffer(data)

@@ -1,0 +1,172 @@
+"""numpy: save and load ``Dict[str, np.ndarray]``. Extended float types (bfloat16, float8, float6, float4) come
+from ``ml_dtypes``; its 4- and 6-bit types hold one value per byte, so they are packed on save and unpacked
+on load (low bits first, as the format stores them)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _safetensors_cpp as _cpp
+from ._core import DTYPES, Framework, PathLike, SafetensorError, _fspath, _metadata, open_bytes, safe_open
+
+__all__ = ["save", "save_file", "load", "load_file"]
+
+# Bits per element of the packed (sub-byte) codes.
+_PACKED_BITS = {code: row.bits for code, row in DTYPES.items() if row.bits % 8}
+
+
+def _ml_dtypes() -> Any:
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is installed alongside numpy in tests
+        return None
+    return ml_dtypes
+
+
+def _build_types() -> Dict[str, np.dtype]:
+    types: Dict[str, np.dtype] = {}
+    ml = _ml_dtypes()
+    for code, row in DTYPES.items():
+        name = row.numpy_name
+        if name in ("bool",):
+            types[code] = np.dtype(np.bool_)
+        elif hasattr(np, name) and isinstance(getattr(np, name), type):
+            types[code] = np.dtype(getattr(np, name))
+        elif ml is not None and hasattr(ml, name):
+            types[code] = np.dtype(getattr(ml, name))
+    return types
+
+
+#: Format code -> numpy dtype, for every code numpy (with ml_dtypes) can hold.
+_TYPES: Dict[str, np.dtype] = _build_types()
+_CODES: Dict[np.dtype, str] = {dtype: code for code, dtype in _TYPES.items()}
+
+
+def _getdtype(dtype_str: str) -> np.dtype:
+    return _TYPES[dtype_str]
+
+
+def _np_dtype(code: str) -> np.dtype:
+    dtype = _TYPES.get(code)
+    if dtype is None:
+        raise SafetensorError(f"dtype {code} has no numpy equivalent (install ml_dtypes for the extended float types)")
+    return dtype
+
+
+def _unpack(raw: np.ndarray, code: str, shape: Tuple[int, ...]) -> np.ndarray:
+    """Sub-byte values, packed low bits first, to one value per byte."""
+    bits = _PACKED_BITS[code]
+    raw = raw.reshape(-1)
+    if bits == 4:
+        out = np.empty(raw.size * 2, dtype=np.uint8)
+        out[0::2] = raw & 0x0F
+        out[1::2] = raw >> 4
+    else:  # 6 bits: four values in three bytes
+        groups = raw.reshape(-1, 3).astype(np.uint32)
+        word = groups[:, 0] | (groups[:, 1] << 8) | (groups[:, 2] << 16)
+        out = np.empty((groups.shape[0], 4), dtype=np.uint8)
+        for k in range(4):
+            out[:, k] = (word >> (6 * k)) & 0x3F
+    return out.view(_np_dtype(code)).reshape(shape)
+
+
+def _pack(array: np.ndarray, code: str) -> np.ndarray:
+    """One value per byte to the format's packed layout (the inverse of _unpack)."""
+    bits = _PACKED_BITS[code]
+    values = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if (values.size * bits) % 8:
+        raise SafetensorError(f"a {code} tensor of {values.size} elements is not a whole number of bytes")
+    if bits == 4:
+        return ((values[0::2] & 0x0F) | ((values[1::2] & 0x0F) << 4)).astype(np.uint8)
+    quads = (values.reshape(-1, 4) & 0x3F).astype(np.uint32)
+    word = quads[:, 0] | (quads[:, 1] << 6) | (quads[:, 2] << 12) | (quads[:, 3] << 18)
+    out = np.empty((quads.shape[0], 3), dtype=np.uint8)
+    for k in range(3):
+        out[:, k] = (word >> (8 * k)) & 0xFF
+    return out.reshape(-1)
+
+
+class _Numpy(Framework):
+    name = "numpy"
+
+    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
+        if code in _PACKED_BITS:
+            return _unpack(np.frombuffer(buffer, dtype=np.uint8), code, shape)
+        return np.frombuffer(buffer, dtype=_np_dtype(code)).reshape(shape)
+
+    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
+        if code in _PACKED_BITS:
+            nbytes = int(np.prod(shape, dtype=np.uint64)) * _PACKED_BITS[code] // 8
+            array = np.empty(nbytes, dtype=np.uint8)
+        else:
+            array = np.empty(shape, dtype=_np_dtype(code))
+        return array, array.ctypes.data
+
+    def finish(self, tensor: np.ndarray, code: str, shape: Tuple[int, ...]) -> np.ndarray:
+        return _unpack(tensor, code, shape) if code in _PACKED_BITS else tensor
+
+    def stack(self, tensors: List[np.ndarray], axis: int) -> np.ndarray:
+        return np.stack(tensors, axis)
+
+
+_ADAPTER = _Numpy()
+
+
+def _flatten(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], List[np.ndarray]]:
+    if not isinstance(tensor_dict, dict):
+        raise ValueError(f"Expected a dict of [str, np.ndarray] but received {type(tensor_dict)}")
+    if sys.byteorder == "big":  # pragma: no cover
+        raise SafetensorError("big-endian hosts are not supported")
+    specs = []
+    keep_alive = []
+    for name, array in tensor_dict.items():
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"Key `{name}` is invalid, expected np.ndarray but received {type(array)}")
+        code = _CODES.get(array.dtype.newbyteorder("=")) if array.dtype.byteorder in "<>=|" else None
+        if code is None:
+            raise SafetensorError(f"tensor `{name}` has dtype {array.dtype}, which safetensors cannot store")
+        shape = list(array.shape)
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))  # the format is little-endian
+        if code in _PACKED_BITS:
+            array = _pack(array, code)
+        else:
+            array = np.ascontiguousarray(array)  # copies only what is not already C-contiguous
+        keep_alive.append(array)
+        specs.append((name, code, shape, array.ctypes.data if array.nbytes else 0, array.nbytes))
+    return specs, keep_alive
+
+
+def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensor_dict``."""
+    specs, keep_alive = _flatten(tensor_dict)
+    out = _cpp.serialize(specs, _metadata(metadata))
+    del keep_alive
+    return out
+
+
+def save_file(
+    tensor_dict: Dict[str, np.ndarray],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    fsync: bool = False,
+) -> None:
+    """Writes ``tensor_dict`` to ``filename`` atomically."""
+    specs, keep_alive = _flatten(tensor_dict)
+    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
+    del keep_alive
+
+
+def load(data: bytes) -> Dict[str, np.ndarray]:
+    """Every tensor of the file in ``data``; the arrays own their memory."""
+    return _ADAPTER.load_copies(open_bytes(data))
+
+
+def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, np.ndarray]:
+    """Every tensor of ``filename``. With ``backend="mmap"`` arrays are zero-copy views of the file."""
+    with safe_open(filename, framework="np", backend=backend) as f:
+        return f.get_tensors()

@@ -1,0 +1,353 @@
+"""PyTorch: save and load ``Dict[str, torch.Tensor]``, models with tied weights, on every device torch knows."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections import defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+
+import torch
+
+from ._core import DTYPES, Framework, PathLike, SafetensorError, _fspath, _metadata, open_bytes, safe_open
+from . import _safetensors_cpp as _cpp
+from ._devices import resolve_torch_device
+
+__all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
+
+#: Format code -> torch dtype, for every code torch can hold.
+_TYPES: Dict[str, torch.dtype] = {
+    row.code: getattr(torch, row.torch_name)
+    for row in DTYPES.values()
+    if row.torch_name and hasattr(torch, row.torch_name)
+}
+_CODES: Dict[torch.dtype, str] = {dtype: code for code, dtype in _TYPES.items()}
+#: torch dtype -> bytes per element (float4_e2m1fn_x2 holds two values in one byte).
+_SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in _TYPES.values()}
+
+_F4 = _TYPES.get("F4")
+
+
+def _getdtype(dtype_str: str) -> torch.dtype:
+    return _TYPES[dtype_str]
+
+
+# -- shapes of packed float4 -------------------------------------------------------------------------------
+
+def _torch_shape(code: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """Header (logical) shape -> torch shape: float4_e2m1fn_x2 packs the last dimension two to a byte."""
+    if code != "F4":
+        return shape
+    if not shape or shape[-1] % 2:
+        raise SafetensorError(
+            f"cannot represent an F4 tensor of shape {list(shape)} as torch.float4_e2m1fn_x2, which packs two "
+            "values per element of the last dimension (it must be even)"
+        )
+    return shape[:-1] + (shape[-1] // 2,)
+
+
+def _header_shape(tensor: torch.Tensor) -> List[int]:
+    shape = list(tensor.shape)
+    if tensor.dtype == _F4 and shape:
+        shape[-1] *= 2
+    return shape
+
+
+def _torch_dtype(code: str) -> torch.dtype:
+    dtype = _TYPES.get(code)
+    if dtype is None:
+        raise SafetensorError(f"dtype {code} has no torch equivalent in torch {torch.__version__}")
+    return dtype
+
+
+# -- the framework adapter ----------------------------------------------------------------------------------
+
+class _Torch(Framework):
+    name = "pytorch"
+
+    def resolve_device(self, device: Any) -> torch.device:
+        return resolve_torch_device(device)
+
+    def is_cpu(self, device: torch.device) -> bool:
+        return device.type == "cpu"
+
+    def is_meta(self, device: torch.device) -> bool:
+        return device.type == "meta"
+
+    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> torch.Tensor:
+        dtype, tshape = _torch_dtype(code), _torch_shape(code, shape)
+        if not len(buffer):
+            return torch.empty(tshape, dtype=dtype, device="cpu")
+        return torch.frombuffer(buffer, dtype=dtype).view(tshape)
+
+    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[torch.Tensor, int]:
+        # An explicit device: loading ignores torch's default-device context.
+        tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device="cpu")
+        return tensor, tensor.data_ptr()
+
+    def meta(self, code: str, shape: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+        return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)
+
+    def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return tensor if device.type == "cpu" else tensor.to(device)
+
+    def stack(self, tensors: List[torch.Tensor], axis: int) -> torch.Tensor:
+        return torch.stack(tensors, axis)
+
+
+_ADAPTER = _Torch()
+
+
+# -- storage helpers other projects import ------------------------------------------------------------------
+
+def storage_ptr(tensor: torch.Tensor) -> int:
+    """Address of the start of the tensor's storage (0 when it has none)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:
+        try:
+            return tensor.storage().data_ptr()  # very old torch / some subclasses
+        except NotImplementedError:
+            return 0
+
+
+def storage_size(tensor: torch.Tensor) -> int:
+    """Size in bytes of the tensor's storage."""
+    try:
+        return tensor.untyped_storage().nbytes()
+    except Exception:
+        try:
+            return tensor.storage().size() * _SIZE[tensor.dtype]
+        except NotImplementedError:
+            return tensor.nelement() * _SIZE[tensor.dtype]
+
+
+def _end_ptr(tensor: torch.Tensor) -> int:
+    """One past the last byte the tensor's elements occupy."""
+    if tensor.nelement() == 0:
+        return tensor.data_ptr()
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.data_ptr() + span * _SIZE[tensor.dtype]
+
+
+def _is_complete(tensor: torch.Tensor) -> bool:
+    """True when the tensor covers its whole storage."""
+    return tensor.data_ptr() == storage_ptr(tensor) and tensor.nelement() * _SIZE[tensor.dtype] == storage_size(tensor)
+
+
+def _find_shared_tensors(state_dict: Dict[str, torch.Tensor]) -> List[Set[str]]:
+    """Groups of names whose tensors overlap in memory (singletons included), in first-seen order."""
+    by_storage: Dict[Any, List[str]] = defaultdict(list)
+    groups: List[Set[str]] = []
+    for name, tensor in state_dict.items():
+        if tensor.device.type != "meta" and storage_ptr(tensor) != 0 and storage_size(tensor) != 0:
+            by_storage[(tensor.device, storage_ptr(tensor), storage_size(tensor))].append(name)
+        else:
+            groups.append({name})
+    for names in by_storage.values():
+        # Within one storage, tensors share memory only where their byte ranges overlap.
+        spans = sorted(((state_dict[n].data_ptr(), _end_ptr(state_dict[n]), n) for n in names))
+        current: Set[str] = set()
+        current_end = None
+        for start, end, name in spans:
+            if current and start < current_end:
+                current.add(name)
+                current_end = max(current_end, end)
+            else:
+                if current:
+                    groups.append(current)
+                current, current_end = {name}, end
+        if current:
+            groups.append(current)
+    return groups
+
+
+def _remove_duplicate_names(
+    state_dict: Dict[str, torch.Tensor],
+    *,
+    preferred_names: Optional[Iterable[str]] = None,
+    discard_names: Optional[Iterable[str]] = None,
+) -> Dict[str, List[str]]:
+    """For each group of shared tensors, the name to keep (one covering the whole storage, preferring
+    ``preferred_names``, avoiding ``discard_names``) mapped to the names to drop."""
+    preferred = set(preferred_names or [])
+    discard = set(discard_names or [])
+    to_remove: Dict[str, List[str]] = defaultdict(list)
+    for shared in _find_shared_tensors(state_dict):
+        if len(shared) == 1:
+            continue
+        complete = {name for name in shared if _is_complete(state_dict[name])}
+        if not complete:
+            raise RuntimeError(
+                "Error while trying to find names to remove to save state dict, but found no suitable name to keep "
+                f"for saving amongst: {shared}. None is covering the entire storage. Refusing to save/load the model "
+                "since you could be storing much more memory than needed. Please refer to "
+                "https://huggingface.co/docs/safetensors/torch_shared_tensors for more information. Or open an issue."
+            )
+        keep = sorted(complete)[0]
+        not_discarded = complete - discard
+        if not_discarded:
+            keep = sorted(not_discarded)[0]
+        wanted = complete & preferred
+        if wanted:
+            keep = sorted(wanted)[0]
+        for name in sorted(shared):
+            if name != keep:
+                to_remove[keep].append(name)
+    return to_remove
+
+
+def _tobytes(tensor: torch.Tensor, name: str) -> bytes:
+    """The tensor's bytes, little-endian, as written to a file."""
+    if tensor.layout != torch.strided:
+        raise ValueError(f"You are trying to save a sparse tensor: `{name}` which this library does not support.")
+    if not tensor.is_contiguous():
+        raise ValueError(_non_contiguous_message(name))
+    tensor = tensor.cpu()
+    nbytes = tensor.nelement() * _SIZE[tensor.dtype]
+    if nbytes == 0:
+        return b""
+    if sys.byteorder == "big":
+        raise SafetensorError("big-endian hosts are not supported")
+    return ctypes.string_at(tensor.data_ptr(), nbytes)
+
+
+def _non_contiguous_message(name: str) -> str:
+    return (
+        f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you are "
+        "trying to save tensors which are reference of each other in which case it's recommended to save only the "
+        "full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to pack it before "
+        "saving."
+    )
+
+
+# -- saving ------------------------------------------------------------------------------------------------
+
+def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.Tensor]]:
+    """Checks tensors for saving (in the reference's order) and describes each by address; the second list
+    keeps CPU copies of device tensors alive until the write is done."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(value)}")
+    sparse = [name for name, value in tensors.items() if value.layout != torch.strided]
+    if sparse:
+        raise ValueError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not support. You can make "
+            "it a dense tensor before saving with `.to_dense()` but be aware this might make a much larger file than "
+            "needed."
+        )
+    shared = [names for names in _find_shared_tensors(tensors) if len(names) > 1]
+    if shared:
+        raise RuntimeError(
+            f"""
+            Some tensors share memory, this will lead to duplicate memory on disk and potential differences when loading them again: {shared}.
+            A potential way to correctly save your model is to use `save_model`.
+            More information at https://huggingface.co/docs/safetensors/torch_shared_tensors
+            """
+        )
+    for name, value in tensors.items():
+        if not value.is_contiguous():
+            raise ValueError(_non_contiguous_message(name))
+    specs = []
+    keep_alive = []
+    for name, value in tensors.items():
+        code = _CODES.get(value.dtype)
+        if code is None:
+            raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
+        if value.device.type != "cpu":
+            value = value.to("cpu")  # meta tensors fail here, as in the reference
+        keep_alive.append(value)
+        nbytes = value.nelement() * _SIZE[value.dtype]
+        specs.append((name, code, _header_shape(value), value.data_ptr() if nbytes else 0, nbytes))
+    return specs, keep_alive
+
+
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors``."""
+    specs, keep_alive = _flatten(tensors)
+    out = _cpp.serialize(specs, _metadata(metadata))
+    del keep_alive
+    return out
+
+
+def save_file(
+    tensors: Dict[str, torch.Tensor],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    fsync: bool = False,
+) -> None:
+    """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
+    specs, keep_alive = _flatten(tensors)
+    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
+    del keep_alive
+
+
+# -- loading -----------------------------------------------------------------------------------------------
+
+def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *, backend: str = "mmap") -> Dict[str, torch.Tensor]:
+    """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
+    with safe_open(filename, framework="pt", device=device, backend=backend) as f:
+        return f.get_tensors()
+
+
+def load(data: bytes) -> Dict[str, torch.Tensor]:
+    """Every tensor of the file in ``data``; the tensors own their memory."""
+    return _ADAPTER.load_copies(open_bytes(data))
+
+
+# -- models ------------------------------------------------------------------------------------------------
+
+def save_model(
+    model: torch.nn.Module, filename: PathLike, metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True
+) -> None:
+    """Saves ``model.state_dict()``, dropping aliases of tied weights and recording ``{dropped: kept}`` in the
+    metadata so :func:`load_model` restores them."""
+    state_dict = model.state_dict()
+    metadata = dict(metadata) if metadata is not None else None
+    for kept, dropped in _remove_duplicate_names(state_dict).items():
+        for name in dropped:
+            if metadata is None:
+                metadata = {}
+            metadata.setdefault(name, kept)
+            del state_dict[name]
+    if force_contiguous:
+        state_dict = {name: value.contiguous() for name, value in state_dict.items()}
+    try:
+        save_file(state_dict, filename, metadata=metadata)
+    except ValueError as e:
+        raise ValueError(
+            f"{e} Or use save_model(..., force_contiguous=True), read the docs for potential caveats."
+        ) from None
+
+
+def load_model(
+    model: torch.nn.Module,
+    filename: PathLike,
+    strict: bool = True,
+    device: Union[str, int, torch.device] = "cpu",
+    *,
+    backend: str = "mmap",
+) -> Tuple[Set[str], List[str]]:
+    """Loads ``filename`` into ``model`` (tied weights included). Returns ``(missing, unexpected)``; with
+    ``strict`` either being non-empty raises RuntimeError the way ``load_state_dict`` does."""
+    state_dict = load_file(filename, device=device, backend=backend)
+    tied = _remove_duplicate_names(model.state_dict(), preferred_names=state_dict.keys())
+    missing_list, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing = set(missing_list)
+    for dropped in tied.values():
+        for name in dropped:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        error = f"Error(s) in loading state_dict for {model.__class__.__name__}:"
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected))
+        raise RuntimeError(error)
+    return missing, unexpected

@@ -1,0 +1,410 @@
+// _safetensors_cpp: the one thin binding between Python and the C++ library.
+//
+// Declarative defs over the C++ API. Ownership is stated once: zero-copy memory is exposed only through
+// `Buffer`, whose Python object holds a shared_ptr to the Source, so a mapping lives exactly as long as the
+// last Python object (tensor, array, memoryview) that uses it. Every read and write releases the GIL and
+// touches no Python object while it is released. Errors are translated in one place (translate_error).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "safetensors/dtype.h"
+#include "safetensors/error.h"
+#include "safetensors/file.h"
+#include "safetensors/slice.h"
+#include "safetensors/source.h"
+#include "safetensors/writer.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace safetensors::python {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// Errors
+
+// What the failing call was doing; decides the reference's message prefix for format errors.
+enum class Op { kOpenFile, kOpenBytes, kSerialize, kOther };
+
+struct TranslatedError {
+  Error error;
+  Op op;
+};
+
+PyObject* g_safetensor_error = nullptr;  // safetensors.SafetensorError
+PyObject* g_slice_error = nullptr;       // safetensors.SafetensorSliceError(SafetensorError, IndexError, ValueError)
+
+template <typename T>
+T check(Result<T> r, Op op = Op::kOther) {
+  if (!r.ok()) throw TranslatedError{std::move(r).error(), op};
+  return std::move(r).value();
+}
+void check(Status s, Op op = Op::kOther) {
+  if (!s.ok()) throw TranslatedError{std::move(s).error(), op};
+}
+
+void translate_error(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const TranslatedError& t) {
+    const Error& e = t.error;
+    switch (e.kind()) {
+      case Error::Kind::kNotFound:
+        PyErr_SetString(PyExc_FileNotFoundError, e.message().c_str());
+        return;
+      case Error::Kind::kIo:
+        PyErr_SetString(PyExc_OSError, e.to_string().c_str());
+        return;
+      case Error::Kind::kInvalidSlice:
+        PyErr_SetString(g_slice_error, e.to_string().c_str());
+        return;
+      case Error::Kind::kTensorNotFound:
+      case Error::Kind::kInvalidArgument:
+        PyErr_SetString(g_safetensor_error, e.to_string().c_str());
+        return;
+      default: {
+        const char* prefix = t.op == Op::kOpenFile    ? "Error while deserializing header: "
+                             : t.op == Op::kOpenBytes ? "Error while deserializing: "
+                             : t.op == Op::kSerialize ? "Error while serializing: "
+                                                      : "";
+        PyErr_SetString(g_safetensor_error, (prefix + e.to_string()).c_str());
+        return;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Buffer: a buffer-protocol view of memory kept alive by a shared owner.
+
+struct Buffer {
+  std::shared_ptr<const void> owner;
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+  bool writable = false;
+};
+
+int buffer_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  Buffer* b = nb::inst_ptr<Buffer>(self);
+  // The memory is only written by the caller through a private copy-on-write mapping, never into the file.
+  return PyBuffer_FillInfo(view, self, const_cast<std::byte*>(b->data), static_cast<Py_ssize_t>(b->size),
+                           b->writable ? 0 : 1, flags);
+}
+
+void buffer_releasebuffer(PyObject*, Py_buffer*) {}
+
+PyType_Slot buffer_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(buffer_getbuffer)},
+    {Py_bf_releasebuffer, reinterpret_cast<void*>(buffer_releasebuffer)},
+    {0, nullptr},
+};
+
+// A Python bytes-like object pinned for the lifetime of a memory Source. The deleter takes the GIL: the last
+// reference may be dropped from a thread that does not hold it.
+std::shared_ptr<const void> pin_buffer(nb::handle obj, std::span<const std::byte>* out) {
+  auto view = std::make_unique<Py_buffer>();
+  if (PyObject_GetBuffer(obj.ptr(), view.get(), PyBUF_SIMPLE) != 0) throw nb::python_error();
+  *out = std::span<const std::byte>(static_cast<const std::byte*>(view->buf), static_cast<std::size_t>(view->len));
+  return std::shared_ptr<const void>(view.release(), [](const void* p) {
+    nb::gil_scoped_acquire gil;
+    auto* v = static_cast<Py_buffer*>(const_cast<void*>(p));
+    PyBuffer_Release(v);
+    delete v;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Conversions
+
+Backend parse_backend(const std::string& name) {
+  if (name == "mmap") return Backend::kMmap;
+  if (name == "pread") return Backend::kPread;
+  throw TranslatedError{Error::invalid_argument("", "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")"),
+                        Op::kOther};
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kMmap: return "mmap";
+    case Backend::kPread: return "pread";
+    case Backend::kMemory: return "memory";
+  }
+  return "unknown";
+}
+
+nb::tuple shape_tuple(std::span<const std::uint64_t> shape) {
+  nb::object t = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(shape.size())));
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromUnsignedLongLong(shape[i]));
+  }
+  return nb::borrow<nb::tuple>(t);
+}
+
+// (code, shape, begin, end) -- begin/end relative to the data buffer.
+nb::tuple info_tuple(const TensorInfo& t) {
+  return nb::make_tuple(nb::str(dtype_code(t.dtype).data(), dtype_code(t.dtype).size()), shape_tuple(t.shape),
+                        t.begin, t.end);
+}
+
+std::span<std::byte> dest(std::uintptr_t ptr, std::uint64_t nbytes) {
+  return {reinterpret_cast<std::byte*>(ptr), static_cast<std::size_t>(nbytes)};
+}
+
+// Index expressions arrive as tuples: (0, i) integer, (1, start, stop, step) range, (2,) ellipsis.
+using PyIndex = std::tuple<int, std::optional<std::int64_t>, std::optional<std::int64_t>, std::optional<std::int64_t>>;
+
+std::vector<SliceIndex> to_indices(const std::vector<PyIndex>& spec) {
+  std::vector<SliceIndex> out;
+  out.reserve(spec.size());
+  for (const auto& [kind, a, b, c] : spec) {
+    if (kind == 0) {
+      out.push_back(SliceIndex::at(a.value_or(0)));
+    } else if (kind == 1) {
+      out.push_back(SliceIndex::range(a, b, c));
+    } else {
+      out.push_back(SliceIndex::ellipsis());
+    }
+  }
+  return out;
+}
+
+// (name, code, shape, data_ptr, data_len)
+using PyTensorSpec = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>;
+
+std::vector<TensorData> to_tensor_data(const std::vector<PyTensorSpec>& specs) {
+  std::vector<TensorData> out;
+  out.reserve(specs.size());
+  for (const auto& [name, code, shape, ptr, len] : specs) {
+    auto dt = dtype_from_code(code);
+    if (!dt) throw TranslatedError{Error::invalid_argument("", "unknown dtype code \"" + code + "\""), Op::kOther};
+    out.push_back({name, *dt, shape, std::span<const std::byte>(reinterpret_cast<const std::byte*>(ptr), len)});
+  }
+  return out;
+}
+
+std::optional<Metadata> to_metadata(const std::optional<std::vector<std::pair<std::string, std::string>>>& md) {
+  if (!md) return std::nullopt;
+  return Metadata(md->begin(), md->end());
+}
+
+}  // namespace
+}  // namespace safetensors::python
+
+using namespace safetensors;
+using namespace safetensors::python;
+
+NB_MODULE(_safetensors_cpp, m) {
+  m.doc() = "Native core of the safetensors package (C++ library binding).";
+  // Frameworks routinely keep tensors (and so our Buffers) alive past interpreter teardown, which nanobind
+  // would report as leaks on every exit. The leak check is opt-in (tests turn it on and assert silence).
+  nb::set_leak_warnings(std::getenv("SAFETENSORS_LEAK_WARNINGS") != nullptr);
+
+  g_safetensor_error =
+      PyErr_NewExceptionWithDoc("safetensors.SafetensorError", "Custom Python Exception for Safetensor errors.",
+                                PyExc_Exception, nullptr);
+  m.attr("SafetensorError") = nb::handle(g_safetensor_error);
+  {
+    nb::object bases = nb::make_tuple(nb::handle(g_safetensor_error), nb::handle(PyExc_IndexError),
+                                      nb::handle(PyExc_ValueError));
+    g_slice_error = PyErr_NewExceptionWithDoc(
+        "safetensors.SafetensorSliceError",
+        "An index expression that does not fit the tensor. Also an IndexError and a ValueError, like numpy's.",
+        bases.ptr(), nullptr);
+    m.attr("SafetensorSliceError") = nb::handle(g_slice_error);
+  }
+  nb::register_exception_translator(translate_error);
+
+  nb::class_<Buffer>(m, "Buffer", nb::type_slots(buffer_slots),
+                     "Buffer-protocol view of file or memory bytes; keeps them alive while referenced.")
+      .def_prop_ro("nbytes", [](const Buffer& b) { return b.size; })
+      .def_prop_ro("writable", [](const Buffer& b) { return b.writable; });
+
+  nb::class_<SlicePlan>(m, "SlicePlan", "A planned index expression over one tensor.")
+      .def_prop_ro("shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); })
+      .def_prop_ro("nbytes", &SlicePlan::nbytes)
+      .def_prop_ro("is_whole", &SlicePlan::is_whole);
+
+  nb::class_<File>(m, "File", "An open, validated safetensors file (or in-memory bytes).")
+      .def(
+          "__init__",
+          [](File* self, const std::string& path, const std::string& backend, std::uint64_t max_header_bytes) {
+            OpenOptions options{parse_backend(backend), max_header_bytes};
+            Result<File> f = [&] {
+              nb::gil_scoped_release release;
+              return File::open(path, options);
+            }();
+            new (self) File(check(std::move(f), Op::kOpenFile));
+          },
+          "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes)
+      .def_static(
+          "from_buffer",
+          [](nb::handle data, std::uint64_t max_header_bytes) {
+            std::span<const std::byte> bytes;
+            auto owner = pin_buffer(data, &bytes);
+            OpenOptions options{Backend::kMemory, max_header_bytes};
+            return check(File::open(memory_source(bytes, std::move(owner)), options), Op::kOpenBytes);
+          },
+          "data"_a, "max_header_bytes"_a = kDefaultMaxHeaderBytes,
+          "Validates a bytes-like object in place; the object is kept alive by the File and its views.")
+      .def_prop_ro("path", &File::path)
+      .def_prop_ro("backend", [](const File& f) { return backend_name(f.backend()); })
+      .def_prop_ro("data_offset", &File::data_offset)
+      .def_prop_ro("header_length", &File::header_length)
+      .def_prop_ro("size", &File::size)
+      .def("__len__", [](const File& f) { return f.tensors().size(); })
+      .def("__contains__", [](const File& f, std::string_view name) { return f.find(name) != nullptr; })
+      .def(
+          "keys",
+          [](const File& f) {
+            std::vector<std::string_view> k = f.keys();
+            nb::list out;
+            for (std::string_view s : k) out.append(nb::str(s.data(), s.size()));
+            return out;
+          },
+          "Tensor names sorted.")
+      .def(
+          "offset_keys",
+          [](const File& f) {
+            nb::list out;
+            for (const TensorInfo& t : f.tensors()) out.append(nb::str(t.name.data(), t.name.size()));
+            return out;
+          },
+          "Tensor names in file (offset) order.")
+      .def(
+          "metadata",
+          [](const File& f) -> nb::object {
+            if (!f.metadata()) return nb::none();
+            nb::dict d;
+            for (const auto& [k, v] : *f.metadata()) d[nb::str(k.data(), k.size())] = nb::str(v.data(), v.size());
+            return d;
+          },
+          "`__metadata__` as a dict, or None.")
+      .def(
+          "info", [](const File& f, std::string_view name) { return info_tuple(*check(f.info(name))); }, "name"_a,
+          "(dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.")
+      .def(
+          "infos",
+          [](const File& f) {
+            nb::list out;
+            for (const TensorInfo& t : f.tensors()) {
+              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), info_tuple(t)));
+            }
+            return out;
+          },
+          "[(name, (dtype code, shape, begin, end))] in file order.")
+      .def(
+          "buffer",
+          [](const File& f) -> std::optional<Buffer> {
+            const std::byte* base = f.source()->data();
+            if (base == nullptr) return std::nullopt;
+            Buffer b;
+            b.data = base + f.data_offset();
+            b.size = static_cast<std::size_t>(f.size() - f.data_offset());
+            b.owner = f.source();
+            b.writable = f.source()->writable();
+            return b;
+          },
+          "The data buffer (everything after the header) as a Buffer, or None on the pread backend.")
+      .def(
+          "read_into",
+          [](const File& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes) {
+            check(f.read_into(name, dest(ptr, nbytes)));
+          },
+          "name"_a, "ptr"_a, "nbytes"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "Reads a tensor's bytes to the address ptr (nbytes must equal its size). Releases the GIL.")
+      .def(
+          "read_many",
+          [](const File& f, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& items,
+             unsigned threads) {
+            std::vector<ReadRequest> reqs;
+            reqs.reserve(items.size());
+            for (const auto& [name, ptr, nbytes] : items) reqs.push_back({check(f.info(name)), dest(ptr, nbytes)});
+            check(f.read_many(reqs, threads));
+          },
+          "items"_a, "threads"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
+          "Reads [(name, ptr, nbytes)] with a pool of threads. Releases the GIL.")
+      .def(
+          "plan_slice",
+          [](const File& f, std::string_view name, const std::vector<PyIndex>& spec) {
+            const TensorInfo* t = check(f.info(name));
+            return check(f.plan_slice(*t, to_indices(spec)));
+          },
+          "name"_a, "spec"_a)
+      .def(
+          "read_slice",
+          [](const File& f, std::string_view name, const SlicePlan& plan, std::uintptr_t ptr) {
+            const TensorInfo* t = check(f.info(name));
+            check(f.read_slice(*t, plan, dest(ptr, plan.nbytes())));
+          },
+          "name"_a, "plan"_a, "ptr"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "Reads the planned slice to the address ptr (plan.nbytes bytes). Releases the GIL.");
+
+  m.def(
+      "serialize",
+      [](const std::vector<PyTensorSpec>& specs,
+         const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata) {
+        std::vector<TensorData> tensors = to_tensor_data(specs);
+        WritePlan plan = check(WritePlan::make(tensors, to_metadata(metadata)), Op::kSerialize);
+        nb::object out = nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(plan.total_size())));
+        if (!out.is_valid()) throw nb::python_error();
+        std::span<std::byte> dst(reinterpret_cast<std::byte*>(PyBytes_AsString(out.ptr())),
+                                 static_cast<std::size_t>(plan.total_size()));
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = serialize_into(plan, tensors, dst);
+        }
+        check(std::move(st), Op::kSerialize);
+        return nb::borrow<nb::bytes>(out);
+      },
+      "tensors"_a, "metadata"_a = nb::none(),
+      "Serializes [(name, dtype code, shape, data_ptr, data_len)] to bytes. Releases the GIL while copying.");
+
+  m.def(
+      "serialize_file",
+      [](const std::vector<PyTensorSpec>& specs, const std::string& path,
+         const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata, bool fsync) {
+        std::vector<TensorData> tensors = to_tensor_data(specs);
+        std::optional<Metadata> md = to_metadata(metadata);
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = save_file(path, tensors, md, WriteOptions{.fsync = fsync});
+        }
+        check(std::move(st), Op::kSerialize);
+      },
+      "tensors"_a, "path"_a, "metadata"_a = nb::none(), "fsync"_a = false,
+      "Writes [(name, dtype code, shape, data_ptr, data_len)] to path atomically. Releases the GIL.");
+
+  m.def(
+      "dtype_table",
+      []() {
+        nb::list out;
+        for (const DtypeInfo& row : kDtypeTable) {
+          out.append(nb::make_tuple(nb::str(row.code.data(), row.code.size()), row.bits,
+                                    nb::str(row.torch_name.data(), row.torch_name.size()),
+                                    nb::str(row.numpy_name.data(), row.numpy_name.size())));
+        }
+        return out;
+      },
+      "[(code, bits, torch name, numpy name)] in rank order: the one dtype table.");
+
+  m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
+  m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;
+}

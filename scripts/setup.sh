@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything this project needs on a fresh Debian machine (apt packages, a project-local venv in
+# .venv, the reference implementation in .ref) and builds and installs the Python package into the venv.
+# Idempotent: a second run only rebuilds what changed. Python versions: constraints.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  g++ pkg-config
+  libsimdjson-dev libgtest-dev libbenchmark-dev   # the C++ library and its tests (versions: Debian 12)
+  clang libclang-rt-14-dev llvm                   # sanitizers and libFuzzer
+)
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "apt-get install ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install -c constraints.txt -r requirements-build.txt
+
+log "building and installing the safetensors package"
+# No build isolation: the pinned build tools above are used, and the CMake build in build/py-* is reused.
+"${PIP[@]}" install --no-build-isolation --no-deps -c constraints.txt .
+
+# The test and demo dependencies come after the package, so their `safetensors>=...` requirements (from
+# transformers) are met by this package instead of pulling the reference from PyPI.
+"${PIP[@]}" install -c constraints.txt -r requirements-dev.txt
+
+if [ ! -f .ref/safetensors/__init__.py ]; then
+  log "installing the reference implementation into .ref"
+  "${PIP[@]}" install --no-deps --target .ref -c constraints.txt safetensors
+fi
+log "ready: $(.venv/bin/python -c 'import safetensors, sys; print("safetensors", safetensors.__version__, "from", safetensors.__file__)')"
