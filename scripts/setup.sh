@@ -35,7 +35,13 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
 log "building and installing the safetensors package"
 # No build isolation: the pinned build tools above are used, and the CMake build in build/py-* is reused.
-"${PIP[@]}" install --no-build-isolation --no-deps -c constraints.txt .
+# SAFETENSORS_EDITABLE=1 (the development loop) installs in editable mode: Python files are used from
+# python/safetensors directly; the native module is rebuilt by re-running this script.
+if [ "${SAFETENSORS_EDITABLE:-0}" = 1 ]; then
+  "${PIP[@]}" install --no-build-isolation --no-deps -c constraints.txt -e .
+else
+  "${PIP[@]}" install --no-build-isolation --no-deps -c constraints.txt .
+fi
 
 # The test and demo dependencies come after the package, so their `safetensors>=...` requirements (from
 # transformers) are met by this package instead of pulling the reference from PyPI.
