@@ -35,12 +35,18 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
 log "building and installing the safetensors package"
 # No build isolation: the pinned build tools above are used, and the CMake build in build/py-* is reused.
-# SAFETENSORS_EDITABLE=1 (the development loop) installs in editable mode: Python files are used from
-# python/safetensors directly; the native module is rebuilt by re-running this script.
+"${PIP[@]}" install --no-build-isolation --no-deps -c constraints.txt .
+# SAFETENSORS_EDITABLE=1 (the development loop): Python files are used from python/safetensors directly
+# (the native module is copied next to them; re-run this script after changing C++). It is a plain path
+# entry, not an import hook, so PYTHONPATH=.ref still selects the reference in differential tests.
 if [ "${SAFETENSORS_EDITABLE:-0}" = 1 ]; then
-  "${PIP[@]}" install --no-build-isolation --no-deps -c constraints.txt -e .
+  SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cp "$SITE"/safetensors/_safetensors_cpp*.so python/safetensors/
+  rm -rf "$SITE/safetensors"
+  echo "$PWD/python" > "$SITE/safetensors-dev.pth"
 else
-  "${PIP[@]}" install --no-build-isolation --no-deps -c constraints.txt .
+  rm -f "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/safetensors-dev.pth" \
+    python/safetensors/_safetensors_cpp*.so
 fi
 
 # The test and demo dependencies come after the package, so their `safetensors>=...` requirements (from
