@@ -115,7 +115,8 @@ std::string Error::to_string() const {
   s += " (";
   s += token();
   s += ")";
-  if (!context_.empty() && kind_ != Kind::kNotFound) {
+  // Pseudo-contexts such as "<memory>" name no file worth repeating.
+  if (!context_.empty() && context_.front() != '<' && kind_ != Kind::kNotFound) {
     s += " in \"";
     s += context_;
     s += "\"";

@@ -127,10 +127,10 @@ Result<WritePlan> WritePlan::make(std::span<const TensorData> tensors, const std
     if (!nbytes) return Error::validation_overflow(context, t.name);
     if (!aligned) return Error::misaligned_slice(context, t.name);
     if (*nbytes != t.data.size()) {
-      return Error::invalid_argument(context, "tensor `" + t.name + "` (" + std::string(dtype_code(t.dtype)) +
-                                                  ", " + std::to_string(*numel) + " elements) needs " +
-                                                  std::to_string(*nbytes) + " bytes but " +
-                                                  std::to_string(t.data.size()) + " were given");
+      return Error::tensor_invalid_info(context, t.name,
+                                        std::string(dtype_code(t.dtype)) + " with " + std::to_string(*numel) +
+                                            " elements needs " + std::to_string(*nbytes) + " bytes but " +
+                                            std::to_string(t.data.size()) + " were given");
     }
     auto end = internal::checked_add(offset, *nbytes);
     if (!end) return Error::validation_overflow(context, t.name);

@@ -89,7 +89,7 @@ class SAFETENSORS_EXPORT Error {
   // fixed text for this failure, message() starts with exactly that text.
   std::string message() const;
   // message() followed by the token and the context: "invalid offset for tensor `w` (InvalidOffset) in
-  // \"model.safetensors\"".
+  // \"model.safetensors\"" (pseudo-contexts like "<memory>" are left out).
   std::string to_string() const;
 
  private:

@@ -57,9 +57,9 @@ class SAFETENSORS_EXPORT WritePlan {
   };
 
   // Plans the file. Only name, dtype, shape and data.size() of each tensor are read.
-  // Errors: kInvalidArgument (duplicate or reserved name, data.size() different from what dtype and shape
-  // need), kValidationOverflow, kMisalignedSlice (sub-byte tensor that is not a whole number of bytes),
-  // kHeaderTooLarge.
+  // Errors: kInvalidArgument (duplicate or reserved name, duplicate metadata key), kTensorInvalidInfo
+  // (data.size() different from what dtype and shape need), kValidationOverflow, kMisalignedSlice (sub-byte
+  // tensor that is not a whole number of bytes), kHeaderTooLarge.
   static Result<WritePlan> make(std::span<const TensorData> tensors, const std::optional<Metadata>& metadata,
                                 std::uint64_t max_header_bytes = kDefaultMaxHeaderBytes);
 

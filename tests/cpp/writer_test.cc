@@ -81,7 +81,7 @@ TEST(WriterTest, PlanRejectsBadInput) {
   std::vector<TensorData> reserved = {tensor("__metadata__", Dtype::kU8, {1}, std::span(b).first(1))};
   EXPECT_ST_ERROR(WritePlan::make(reserved, {}), kInvalidArgument);
   std::vector<TensorData> wrong_size = {tensor("a", Dtype::kF32, {2}, std::span(b).first(4))};
-  EXPECT_ST_ERROR(WritePlan::make(wrong_size, {}), kInvalidArgument);
+  EXPECT_ST_ERROR(WritePlan::make(wrong_size, {}), kTensorInvalidInfo);
   std::vector<TensorData> misaligned = {tensor("a", Dtype::kF4, {3}, std::span(b).first(1))};
   EXPECT_ST_ERROR(WritePlan::make(misaligned, {}), kMisalignedSlice);
   std::vector<TensorData> overflow = {tensor("a", Dtype::kF64, {1ull << 62, 4}, {})};
@@ -205,7 +205,7 @@ TEST(WriterTest, FailedSavesLeaveThePreviousFileUntouched) {
 
   // A plan failure never touches the disk.
   std::vector<TensorData> bad = {tensor("w", Dtype::kF32, {3}, data)};
-  EXPECT_ST_ERROR(save_file(path, bad), kInvalidArgument);
+  EXPECT_ST_ERROR(save_file(path, bad), kTensorInvalidInfo);
   EXPECT_EQ(read_bytes(path), before);
 
   // A missing directory is reported as such.
