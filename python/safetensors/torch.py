@@ -256,6 +256,11 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
         code = _CODES.get(value.dtype)
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
+        if code == "F4" and value.dim() == 0:
+            raise ValueError(
+                f"tensor `{name}` is a float4_e2m1fn_x2 scalar: it packs two values, which the format can only "
+                "store with a shape (reshape it to (1,))"
+            )
         if value.device.type != "cpu":
             value = value.to("cpu")  # meta tensors fail here, as in the reference
         keep_alive.append(value)
