@@ -168,7 +168,7 @@ class Framework:
                 reader.file.read_slice(name, native, ptr)
             parts.append(self.finish(tensor, code, native.shape))
         tensor = parts[0] if plan.gather_axis is None else self.stack(parts, plan.gather_axis)
-        if plan.has_newaxis:
+        if plan.needs_reshape:
             tensor = self.reshape(tensor, plan.result_shape(tuple(tensor.shape)))
         return self.to_device(tensor, reader.device)
 

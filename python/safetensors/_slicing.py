@@ -50,20 +50,31 @@ def _invalid(value: Any) -> SafetensorSliceError:
 
 
 class IndexPlan:
-    """A parsed index expression: the native spec(s) to read and how to assemble the result."""
+    """A parsed index expression: the native spec(s) to read and how to assemble the result.
 
-    __slots__ = ("spec", "gather_position", "gather_values", "gather_axis", "newaxes")
+    ``slots`` lists the result's axes in order: ``"S"`` an axis of the native read, ``"G"`` the integer list's
+    axis, ``"N"`` a new axis of length 1. As in numpy, the list's axis stands where the list stood, unless
+    integer indices separated from it by other entries make it an advanced index that is not contiguous --
+    then its axis comes first.
+    """
+
+    __slots__ = ("spec", "gather_position", "gather_values", "slots", "moved_empty_axis")
 
     def __init__(self) -> None:
         self.spec: List[tuple] = []
         self.gather_position: Optional[int] = None  # index into spec of the integer-list entry
         self.gather_values: List[int] = []
-        self.gather_axis: Optional[int] = None  # axis of the read result where the list's axis goes
-        self.newaxes: List[int] = []  # final positions of the length-1 axes, increasing
+        self.slots: List[str] = []
+        # An empty list is read as an empty range; when numpy would move its axis to the front, this is that
+        # axis's position in the native read (the result is empty, so moving it is only a reshape).
+        self.moved_empty_axis: Optional[int] = None
 
     @property
-    def has_newaxis(self) -> bool:
-        return bool(self.newaxes)
+    def gather_axis(self) -> Optional[int]:
+        """Axis of the stacked reads where the list's axis goes (None without a list)."""
+        if self.gather_position is None:
+            return None
+        return [slot for slot in self.slots if slot != "N"].index("G")
 
     def reads(self) -> List[List[tuple]]:
         """The native specs to read, in order: one, or one per listed position."""
@@ -76,19 +87,26 @@ class IndexPlan:
             out.append(spec)
         return out
 
+    @property
+    def needs_reshape(self) -> bool:
+        return "N" in self.slots or self.moved_empty_axis is not None
+
     def result_shape(self, read_shape: Sequence[int]) -> Tuple[int, ...]:
         """The final shape from the shape of the assembled reads (the stacked one when there is a list)."""
-        shape = list(read_shape)
-        for pos in self.newaxes:
-            shape.insert(pos, 1)
-        return tuple(shape)
+        dims = list(read_shape)
+        if self.moved_empty_axis is not None:
+            dims.insert(0, dims.pop(self.moved_empty_axis))
+        it = iter(dims)
+        return tuple(1 if slot == "N" else next(it) for slot in self.slots)
 
     def meta_shape(self, one_read_shape: Sequence[int]) -> Tuple[int, ...]:
         """The final shape from the shape of one read, without reading."""
-        shape = list(one_read_shape)
-        if self.gather_axis is not None:
-            shape.insert(self.gather_axis, len(self.gather_values))
-        return self.result_shape(shape)
+        if self.gather_position is None:
+            return self.result_shape(one_read_shape)
+        dims = iter(one_read_shape)
+        return tuple(
+            1 if slot == "N" else len(self.gather_values) if slot == "G" else next(dims) for slot in self.slots
+        )
 
 
 def parse_index(index: Any, ndim: int) -> IndexPlan:
@@ -124,32 +142,53 @@ def parse_index(index: Any, ndim: int) -> IndexPlan:
             f"too many indices for tensor: tensor is {ndim}-dimensional, but {explicit} were indexed"
         )
 
-    out_axes = 0  # axes of the assembled read result produced so far
     for item, kind in zip(items, kinds):
         if kind == "none":
-            plan.newaxes.append(out_axes + len(plan.newaxes))
+            plan.slots.append("N")
         elif kind == "ellipsis":
             plan.spec.append(_ELLIPSIS)
-            out_axes += ndim - explicit
+            plan.slots.extend("S" * (ndim - explicit))
         elif kind == "int":
             plan.spec.append((0, _as_int(item), None, None))
         elif kind == "slice":
-            plan.spec.append(
-                (1, _slice_bound(item.start), _slice_bound(item.stop), _slice_bound(item.step))
-            )
-            out_axes += 1
+            plan.spec.append((1, _slice_bound(item.start), _slice_bound(item.stop), _slice_bound(item.step)))
+            plan.slots.append("S")
         else:
             values = _as_int_list(item)
             assert values is not None
             if values:
                 plan.gather_position = len(plan.spec)
                 plan.gather_values = values
-                plan.gather_axis = out_axes
                 plan.spec.append((0, values[0], None, None))
+                plan.slots.append("G")
             else:
                 plan.spec.append((1, 0, 0, None))  # an empty list selects nothing along its axis
-            out_axes += 1
+                empty_list_axis = plan.slots.count("S")
+                plan.slots.append("S")
+
+    if "ellipsis" not in kinds:
+        plan.slots.extend("S" * (ndim - explicit))  # axes not indexed are taken whole, after the rest
+
+    advanced = [i for i, k in enumerate(kinds) if k in ("int", "list")]
+    if "list" in kinds and advanced[-1] - advanced[0] + 1 != len(advanced):
+        if plan.gather_position is not None:
+            plan.slots.remove("G")
+            plan.slots.insert(0, "G")
+        else:
+            plan.moved_empty_axis = empty_list_axis
+            plan.slots.insert(0, plan.slots.pop(_nth_s(plan.slots, empty_list_axis)))
     return plan
+
+
+def _nth_s(slots: List[str], n: int) -> int:
+    """Position in ``slots`` of the n-th read axis."""
+    seen = -1
+    for i, slot in enumerate(slots):
+        if slot == "S":
+            seen += 1
+            if seen == n:
+                return i
+    raise AssertionError("no such read axis")
 
 
 def _slice_bound(value: Any) -> Optional[int]:
