@@ -1,0 +1,405 @@
+/* The C API of the safetensors library: a C-callable layer over the C++ API (file.h, writer.h, sharded.h).
+
+   Conventions, which hold for every function below unless its comment says otherwise:
+
+   (1) Handles are opaque. Each object is a pointer to an incomplete struct (safetensors_file_t, ...) made
+       by one function of this header and released by its matching *_free() function; passing NULL to a
+       *_free() function does nothing. Their layout is private, so the library can change without
+       recompiling callers. The plain structs safetensors_slice_t and safetensors_tensor_t (and the enums)
+       are the exceptions: callers fill them in, so their layout is part of the ABI.
+
+   (2) Bytes and strings travel as a pointer and a length (`const char* name, size_t name_len`), never as a
+       NUL-terminated string alone: tensor names and metadata may contain any byte, NUL included. Strings the
+       library returns are additionally NUL-terminated for convenience; their length comes back through a
+       `size_t* len` out-parameter, which may be NULL when the caller does not need it. Paths are the one
+       exception: they are NUL-terminated `const char*`, as the operating system takes them.
+
+   (3) Errors are returned, never thrown or printed. A function that can fail returns a
+       safetensors_code_t: SAFETENSORS_OK (0) on success, otherwise the kind of failure (one code per
+       safetensors::Error::Kind, plus SAFETENSORS_OUT_OF_MEMORY and SAFETENSORS_INTERNAL). Its last parameter
+       is `safetensors_error_t** error`, which may be NULL when the code is all the caller wants. On failure,
+       when error is not NULL, *error receives a new error object describing it (message, file, tensor),
+       which the caller owns and frees with safetensors_error_free(); an error object already in *error is
+       freed first, so *error must be NULL or an error from this library on entry. On success *error is
+       left unchanged. Outputs of a failed call are set to NULL (handles) or left unchanged (other values).
+
+   (4) Ownership and lifetimes. The caller owns every handle it receives and frees it once. Pointers
+       returned by accessors (names, shapes, metadata strings, view data) borrow from the handle they came
+       from and stay valid until that handle is freed. A safetensors_view_t keeps its mapping alive by
+       itself: it stays valid after the file handle that made it is freed. Buffers the caller passes in
+       (tensor data to save, an in-memory file) are borrowed only for the duration of the call, except as
+       noted for safetensors_open_memory().
+
+   (5) Non-null rules. Pointer parameters must not be NULL, except: `error` and `len` out-parameters; a data
+       pointer whose length is 0; and parameters whose comment says "may be NULL".
+
+   (6) Thread safety. File, sharded-file, view and slice-plan handles are immutable after creation and
+       safe for concurrent use by multiple threads; freeing a handle requires that no other thread is using
+       it. Error objects are plain values. Tensors are addressed by position (0 <= i < count, in file order);
+       a position out of range makes accessors return NULL/0 and fallible functions return
+       SAFETENSORS_INVALID_ARGUMENT.
+*/
+#ifndef SAFETENSORS_C_H_
+#define SAFETENSORS_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "safetensors/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Codes and errors */
+
+/* The numeric values are stable. SAFETENSORS_HEADER_TOO_SMALL .. SAFETENSORS_INVALID_ARGUMENT follow
+   safetensors::Error::Kind one for one (see error.h for when each happens). */
+typedef enum safetensors_code_t {
+  SAFETENSORS_OK = 0,
+  SAFETENSORS_HEADER_TOO_SMALL = 1,
+  SAFETENSORS_HEADER_TOO_LARGE = 2,
+  SAFETENSORS_INVALID_HEADER_LENGTH = 3,
+  SAFETENSORS_INVALID_HEADER_UTF8 = 4,
+  SAFETENSORS_INVALID_HEADER_JSON = 5,
+  SAFETENSORS_INVALID_OFFSET = 6,
+  SAFETENSORS_VALIDATION_OVERFLOW = 7,
+  SAFETENSORS_MISALIGNED_SLICE = 8,
+  SAFETENSORS_TENSOR_INVALID_INFO = 9,
+  SAFETENSORS_METADATA_INCOMPLETE_BUFFER = 10,
+  SAFETENSORS_TENSOR_NOT_FOUND = 11,
+  SAFETENSORS_INVALID_SLICE = 12,
+  SAFETENSORS_NOT_FOUND = 13,
+  SAFETENSORS_IO = 14,
+  SAFETENSORS_INVALID_ARGUMENT = 15,
+  /* Memory could not be allocated (a std::bad_alloc inside the library). */
+  SAFETENSORS_OUT_OF_MEMORY = 100,
+  /* Any other unexpected C++ exception; the message carries its text. */
+  SAFETENSORS_INTERNAL = 101
+} safetensors_code_t;
+
+typedef struct safetensors_error_t safetensors_error_t;
+
+/* The code of the failure. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_error_code(const safetensors_error_t* error);
+/* The full human-readable text, e.g. "invalid offset for tensor `w` (InvalidOffset) in \"model.safetensors\"".
+   The library's variant token (here InvalidOffset) is part of it. */
+SAFETENSORS_EXPORT const char* safetensors_error_message(const safetensors_error_t* error);
+/* The file (or index, or "<memory>") the error concerns; "" when none. */
+SAFETENSORS_EXPORT const char* safetensors_error_context(const safetensors_error_t* error, size_t* len);
+/* The tensor the error concerns; "" when none. */
+SAFETENSORS_EXPORT const char* safetensors_error_tensor(const safetensors_error_t* error, size_t* len);
+SAFETENSORS_EXPORT void safetensors_error_free(safetensors_error_t* error);
+
+/* A static name for a code, e.g. "SAFETENSORS_NOT_FOUND"; "SAFETENSORS_UNKNOWN" for other values. */
+SAFETENSORS_EXPORT const char* safetensors_code_name(int code);
+/* The library version, e.g. "0.8.0". */
+SAFETENSORS_EXPORT const char* safetensors_version(void);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Dtypes */
+
+/* In rank order (the writer's sort order); the numeric values are stable. */
+typedef enum safetensors_dtype_t {
+  SAFETENSORS_BOOL = 0,
+  SAFETENSORS_F4 = 1,
+  SAFETENSORS_F6_E2M3 = 2,
+  SAFETENSORS_F6_E3M2 = 3,
+  SAFETENSORS_U8 = 4,
+  SAFETENSORS_I8 = 5,
+  SAFETENSORS_F8_E5M2 = 6,
+  SAFETENSORS_F8_E4M3 = 7,
+  SAFETENSORS_F8_E8M0 = 8,
+  SAFETENSORS_F8_E4M3FNUZ = 9,
+  SAFETENSORS_F8_E5M2FNUZ = 10,
+  SAFETENSORS_I16 = 11,
+  SAFETENSORS_U16 = 12,
+  SAFETENSORS_F16 = 13,
+  SAFETENSORS_BF16 = 14,
+  SAFETENSORS_I32 = 15,
+  SAFETENSORS_U32 = 16,
+  SAFETENSORS_F32 = 17,
+  SAFETENSORS_C64 = 18,
+  SAFETENSORS_F64 = 19,
+  SAFETENSORS_I64 = 20,
+  SAFETENSORS_U64 = 21
+} safetensors_dtype_t;
+
+/* The header code ("F32"), or NULL for a value outside the enum. */
+SAFETENSORS_EXPORT const char* safetensors_dtype_code(safetensors_dtype_t dtype);
+/* Bits per element (4 for F4, 6 for F6_*), or 0 for a value outside the enum. */
+SAFETENSORS_EXPORT uint32_t safetensors_dtype_bits(safetensors_dtype_t dtype);
+/* The dtype whose header code is exactly [code, code + len). Errors: SAFETENSORS_INVALID_ARGUMENT. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len,
+                                                                  safetensors_dtype_t* dtype,
+                                                                  safetensors_error_t** error);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Reading one file */
+
+typedef enum safetensors_backend_t {
+  /* Map the file (private, copy-on-write); views are zero-copy. Falls back to PREAD when mapping fails. */
+  SAFETENSORS_BACKEND_MMAP = 0,
+  /* Positional reads; no views. */
+  SAFETENSORS_BACKEND_PREAD = 1,
+  /* A caller's buffer (safetensors_open_memory). */
+  SAFETENSORS_BACKEND_MEMORY = 2
+} safetensors_backend_t;
+
+typedef struct safetensors_file_t safetensors_file_t;
+
+/* Opens and fully validates the file at `path` (backend MMAP or PREAD). On success *file is a new handle.
+   Errors: SAFETENSORS_NOT_FOUND, SAFETENSORS_IO, every header code (HEADER_TOO_SMALL .. 
+   METADATA_INCOMPLETE_BUFFER), SAFETENSORS_INVALID_ARGUMENT (backend MEMORY or out of range). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open(const char* path, safetensors_backend_t backend,
+                                                       safetensors_file_t** file, safetensors_error_t** error);
+/* Opens the bytes [data, data + size) as a file, without copying them. REQUIRES: the bytes stay alive and
+   unchanged until the handle and every view made from it are freed. Errors: the header codes. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open_memory(const void* data, size_t size,
+                                                              safetensors_file_t** file,
+                                                              safetensors_error_t** error);
+SAFETENSORS_EXPORT void safetensors_file_free(safetensors_file_t* file);
+
+/* The path ("<memory>" for safetensors_open_memory). */
+SAFETENSORS_EXPORT const char* safetensors_file_path(const safetensors_file_t* file);
+/* The backend in use (MMAP may have fallen back to PREAD). */
+SAFETENSORS_EXPORT safetensors_backend_t safetensors_file_backend(const safetensors_file_t* file);
+/* 8 + the header length: where the data buffer begins. */
+SAFETENSORS_EXPORT uint64_t safetensors_file_data_offset(const safetensors_file_t* file);
+
+/* Tensors by position, in file order (by data_offsets). */
+SAFETENSORS_EXPORT size_t safetensors_file_tensor_count(const safetensors_file_t* file);
+/* The position of the tensor named [name, name + name_len). Errors: SAFETENSORS_TENSOR_NOT_FOUND. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_file_find(const safetensors_file_t* file, const char* name,
+                                                            size_t name_len, size_t* index,
+                                                            safetensors_error_t** error);
+SAFETENSORS_EXPORT const char* safetensors_file_tensor_name(const safetensors_file_t* file, size_t i, size_t* len);
+SAFETENSORS_EXPORT safetensors_dtype_t safetensors_file_tensor_dtype(const safetensors_file_t* file, size_t i);
+/* The number of dimensions (0 for a scalar). */
+SAFETENSORS_EXPORT size_t safetensors_file_tensor_rank(const safetensors_file_t* file, size_t i);
+/* `rank` dimensions; not NULL for a valid i, even for a scalar. */
+SAFETENSORS_EXPORT const uint64_t* safetensors_file_tensor_shape(const safetensors_file_t* file, size_t i);
+/* data_offsets [begin, end), relative to the data buffer. Out of range: both 0. */
+SAFETENSORS_EXPORT void safetensors_file_tensor_offsets(const safetensors_file_t* file, size_t i, uint64_t* begin,
+                                                        uint64_t* end);
+/* end - begin: the size of the tensor's bytes. */
+SAFETENSORS_EXPORT uint64_t safetensors_file_tensor_nbytes(const safetensors_file_t* file, size_t i);
+
+/* `__metadata__`: whether the header has it (a `{}` counts, an absent or null one does not), and its
+   entries in header order. */
+SAFETENSORS_EXPORT int safetensors_file_has_metadata(const safetensors_file_t* file);
+SAFETENSORS_EXPORT size_t safetensors_file_metadata_count(const safetensors_file_t* file);
+SAFETENSORS_EXPORT const char* safetensors_file_metadata_key(const safetensors_file_t* file, size_t i, size_t* len);
+SAFETENSORS_EXPORT const char* safetensors_file_metadata_value(const safetensors_file_t* file, size_t i,
+                                                               size_t* len);
+/* The value for `key`, or NULL when there is no such key. */
+SAFETENSORS_EXPORT const char* safetensors_file_metadata_get(const safetensors_file_t* file, const char* key,
+                                                             size_t key_len, size_t* len);
+
+/* Copies tensor i's bytes into [dst, dst + dst_len). REQUIRES: dst_len == its nbytes.
+   Errors: SAFETENSORS_INVALID_ARGUMENT (i out of range, wrong dst_len), SAFETENSORS_IO. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_file_read_into(const safetensors_file_t* file, size_t i, void* dst,
+                                                                 size_t dst_len, safetensors_error_t** error);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Zero-copy views */
+
+typedef struct safetensors_view_t safetensors_view_t;
+
+/* A view of tensor i's bytes inside the mapping (or the caller's memory). Errors: SAFETENSORS_INVALID_ARGUMENT
+   (i out of range; the PREAD backend, which has no mapping: use safetensors_file_read_into). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_file_view(const safetensors_file_t* file, size_t i,
+                                                            safetensors_view_t** view, safetensors_error_t** error);
+/* The bytes; valid until the view is freed. NULL only for an empty tensor on some backends. */
+SAFETENSORS_EXPORT const void* safetensors_view_data(const safetensors_view_t* view);
+SAFETENSORS_EXPORT size_t safetensors_view_size(const safetensors_view_t* view);
+/* 1 when the bytes lie in a private copy-on-write mapping: writing through a cast pointer changes this
+   process's copy only, never the file. 0 otherwise (memory files): the bytes must not be written. */
+SAFETENSORS_EXPORT int safetensors_view_writable(const safetensors_view_t* view);
+SAFETENSORS_EXPORT void safetensors_view_free(safetensors_view_t* view);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Slices (numpy semantics; see slice.h) */
+
+typedef enum safetensors_slice_kind_t {
+  /* `index`: one position (negative counts from the end); the axis is dropped. */
+  SAFETENSORS_SLICE_INDEX = 0,
+  /* start:stop:step, each present only when its flag is set (absent = numpy's default). */
+  SAFETENSORS_SLICE_RANGE = 1,
+  /* `...`: as many full ranges as needed (at most one per expression). */
+  SAFETENSORS_SLICE_ELLIPSIS = 2
+} safetensors_slice_kind_t;
+
+#define SAFETENSORS_SLICE_HAS_START 1u
+#define SAFETENSORS_SLICE_HAS_STOP 2u
+#define SAFETENSORS_SLICE_HAS_STEP 4u
+
+/* One component of an index expression. Part of the ABI (convention 1). */
+typedef struct safetensors_slice_t {
+  int32_t kind;   /* a safetensors_slice_kind_t */
+  uint32_t flags; /* SAFETENSORS_SLICE_HAS_* for RANGE; ignored otherwise */
+  int64_t index;  /* INDEX only */
+  int64_t start;  /* RANGE only */
+  int64_t stop;
+  int64_t step;   /* must not be 0 when present */
+} safetensors_slice_t;
+
+typedef struct safetensors_slice_plan_t safetensors_slice_plan_t;
+
+/* Plans `indices[0 .. count)` over tensor i; `indices` may be NULL when count is 0 (the whole tensor).
+   Errors: SAFETENSORS_INVALID_SLICE, SAFETENSORS_MISALIGNED_SLICE, SAFETENSORS_INVALID_ARGUMENT (i out of
+   range, an unknown kind). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_file_plan_slice(const safetensors_file_t* file, size_t i,
+                                                                  const safetensors_slice_t* indices, size_t count,
+                                                                  safetensors_slice_plan_t** plan,
+                                                                  safetensors_error_t** error);
+/* The result's shape (rank entries; not NULL) and size in bytes. */
+SAFETENSORS_EXPORT size_t safetensors_slice_plan_rank(const safetensors_slice_plan_t* plan);
+SAFETENSORS_EXPORT const uint64_t* safetensors_slice_plan_shape(const safetensors_slice_plan_t* plan);
+SAFETENSORS_EXPORT uint64_t safetensors_slice_plan_nbytes(const safetensors_slice_plan_t* plan);
+SAFETENSORS_EXPORT void safetensors_slice_plan_free(safetensors_slice_plan_t* plan);
+/* Copies the selected bytes into [dst, dst + dst_len), reading only what the slice needs.
+   REQUIRES: plan was made by safetensors_file_plan_slice for this file and tensor i; dst_len == its nbytes.
+   Errors: SAFETENSORS_INVALID_ARGUMENT (a broken requirement), SAFETENSORS_IO. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_file_read_slice(const safetensors_file_t* file, size_t i,
+                                                                  const safetensors_slice_plan_t* plan, void* dst,
+                                                                  size_t dst_len, safetensors_error_t** error);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Writing */
+
+/* A tensor to save. Part of the ABI (convention 1). The data is borrowed for the duration of the call. */
+typedef struct safetensors_tensor_t {
+  const char* name;
+  size_t name_len;
+  int32_t dtype;          /* a safetensors_dtype_t */
+  size_t rank;
+  const uint64_t* shape;  /* rank entries; may be NULL when rank is 0 */
+  const void* data;       /* the tensor's bytes, little-endian, row-major */
+  size_t size;            /* must equal what dtype and shape need */
+} safetensors_tensor_t;
+
+/* One `__metadata__` entry. */
+typedef struct safetensors_metadata_entry_t {
+  const char* key;
+  size_t key_len;
+  const char* value;
+  size_t value_len;
+} safetensors_metadata_entry_t;
+
+/* Flags for the save functions. */
+#define SAFETENSORS_SAVE_FSYNC 1u /* fsync the file before publishing it, and its directory after */
+
+/* Writes `tensors[0 .. count)` to `path` atomically (a temporary file renamed over the target), byte for
+   byte as the reference implementation does. `metadata` may be NULL: no `__metadata__` is written; otherwise
+   its `metadata_count` entries are (0 entries write `{}`). `tensors` may be NULL when count is 0.
+   Errors: SAFETENSORS_INVALID_ARGUMENT (duplicate or reserved name, unknown dtype, NULL shape with rank > 0,
+   unknown flags), SAFETENSORS_TENSOR_INVALID_INFO (size differs from what dtype and shape need),
+   SAFETENSORS_VALIDATION_OVERFLOW, SAFETENSORS_MISALIGNED_SLICE, SAFETENSORS_HEADER_TOO_LARGE,
+   SAFETENSORS_NOT_FOUND (no such directory), SAFETENSORS_IO. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_save(const char* path, const safetensors_tensor_t* tensors,
+                                                       size_t count, const safetensors_metadata_entry_t* metadata,
+                                                       size_t metadata_count, uint32_t flags,
+                                                       safetensors_error_t** error);
+
+/* Serializes into a new buffer instead of a file. On success *out is a buffer of *out_len bytes that the
+   caller frees with safetensors_buffer_free(). Errors: those of safetensors_save except the I/O ones. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_serialize(const safetensors_tensor_t* tensors, size_t count,
+                                                            const safetensors_metadata_entry_t* metadata,
+                                                            size_t metadata_count, void** out, size_t* out_len,
+                                                            safetensors_error_t** error);
+SAFETENSORS_EXPORT void safetensors_buffer_free(void* buffer);
+
+/* Splits `tensors` into `<prefix>-00001-of-0000N.safetensors` files in `directory` so that no shard holds
+   more than max_shard_bytes of tensor data (a larger tensor gets a shard of its own), then writes
+   `<prefix>.safetensors.index.json` as transformers does; everything atomically, the index last. `prefix`
+   may be NULL for "model". `metadata` (may be NULL) is written into every shard. On success, when
+   shard_count is not NULL, *shard_count is the number of shards written.
+   Errors: those of safetensors_save; SAFETENSORS_INVALID_ARGUMENT also for a bad prefix. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_save_sharded(const char* directory, const char* prefix,
+                                                               uint64_t max_shard_bytes,
+                                                               const safetensors_tensor_t* tensors, size_t count,
+                                                               const safetensors_metadata_entry_t* metadata,
+                                                               size_t metadata_count, uint32_t flags,
+                                                               size_t* shard_count, safetensors_error_t** error);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Sharded checkpoints (sharded.h) */
+
+typedef struct safetensors_sharded_t safetensors_sharded_t;
+
+/* Opens a `*.safetensors.index.json` and every shard it names (relative to the index's directory); only the
+   tensors the index assigns to each shard are visible. Errors: SAFETENSORS_NOT_FOUND (the index or a shard),
+   SAFETENSORS_INVALID_ARGUMENT (a malformed index), SAFETENSORS_TENSOR_NOT_FOUND (a shard lacks a tensor the
+   index assigns to it), SAFETENSORS_IO, and the header codes for a shard that fails validation. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_index(const char* index_path,
+                                                                     safetensors_backend_t backend,
+                                                                     safetensors_sharded_t** sharded,
+                                                                     safetensors_error_t** error);
+/* Opens `paths[0 .. count)`; every tensor of every file is visible. Errors: those of safetensors_open, and
+   SAFETENSORS_INVALID_ARGUMENT when two files hold a tensor of the same name. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count,
+                                                                     safetensors_backend_t backend,
+                                                                     safetensors_sharded_t** sharded,
+                                                                     safetensors_error_t** error);
+SAFETENSORS_EXPORT void safetensors_sharded_free(safetensors_sharded_t* sharded);
+
+/* The shard files, in order (sorted by name for an index; as given for a list). */
+SAFETENSORS_EXPORT size_t safetensors_sharded_shard_count(const safetensors_sharded_t* sharded);
+SAFETENSORS_EXPORT const char* safetensors_sharded_shard_path(const safetensors_sharded_t* sharded, size_t shard);
+
+/* The index's `metadata` object: string values as themselves, others as compact JSON text ("total_size" ->
+   "123"). Count 0 when there is none. */
+SAFETENSORS_EXPORT size_t safetensors_sharded_metadata_count(const safetensors_sharded_t* sharded);
+SAFETENSORS_EXPORT const char* safetensors_sharded_metadata_key(const safetensors_sharded_t* sharded, size_t i,
+                                                                size_t* len);
+SAFETENSORS_EXPORT const char* safetensors_sharded_metadata_value(const safetensors_sharded_t* sharded, size_t i,
+                                                                  size_t* len);
+
+/* Visible tensors by position: shard by shard, file order within a shard. The accessors mean what their
+   safetensors_file_* counterparts mean; offsets are relative to the data buffer of the tensor's shard. */
+SAFETENSORS_EXPORT size_t safetensors_sharded_tensor_count(const safetensors_sharded_t* sharded);
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_find(const safetensors_sharded_t* sharded,
+                                                               const char* name, size_t name_len, size_t* index,
+                                                               safetensors_error_t** error);
+SAFETENSORS_EXPORT const char* safetensors_sharded_tensor_name(const safetensors_sharded_t* sharded, size_t i,
+                                                               size_t* len);
+SAFETENSORS_EXPORT safetensors_dtype_t safetensors_sharded_tensor_dtype(const safetensors_sharded_t* sharded,
+                                                                        size_t i);
+SAFETENSORS_EXPORT size_t safetensors_sharded_tensor_rank(const safetensors_sharded_t* sharded, size_t i);
+SAFETENSORS_EXPORT const uint64_t* safetensors_sharded_tensor_shape(const safetensors_sharded_t* sharded,
+                                                                    size_t i);
+SAFETENSORS_EXPORT uint64_t safetensors_sharded_tensor_nbytes(const safetensors_sharded_t* sharded, size_t i);
+/* The shard (an index for safetensors_sharded_shard_path) holding tensor i; the shard count when i is out of
+   range. */
+SAFETENSORS_EXPORT size_t safetensors_sharded_tensor_shard(const safetensors_sharded_t* sharded, size_t i);
+
+/* As safetensors_file_read_into and safetensors_file_view, on the tensor's shard. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_read_into(const safetensors_sharded_t* sharded, size_t i,
+                                                                    void* dst, size_t dst_len,
+                                                                    safetensors_error_t** error);
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_view(const safetensors_sharded_t* sharded, size_t i,
+                                                               safetensors_view_t** view,
+                                                               safetensors_error_t** error);
+
+/* One destination for safetensors_sharded_read_many. Part of the ABI (convention 1). */
+typedef struct safetensors_read_request_t {
+  size_t tensor; /* a position, 0 <= tensor < count */
+  void* dst;
+  size_t dst_len; /* must equal the tensor's nbytes */
+} safetensors_read_request_t;
+
+/* Reads many tensors, from any shards, in parallel with up to `threads` threads (0 = a default).
+   Errors: SAFETENSORS_INVALID_ARGUMENT (a bad position or length), SAFETENSORS_IO; on error the contents of
+   every destination are unspecified. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_read_many(const safetensors_sharded_t* sharded,
+                                                                    const safetensors_read_request_t* requests,
+                                                                    size_t count, unsigned threads,
+                                                                    safetensors_error_t** error);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SAFETENSORS_C_H_ */

@@ -1,0 +1,477 @@
+/* The C API, exercised from C11: golden bytes, round trips on every backend, views that outlive their file,
+   slices, metadata, every error path's code and message, error-object ownership, and sharded checkpoints. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <safetensors/c.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failures = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+/* Asserts that `expr` returned `want`, printing the error's message otherwise. `expr` may pass `&err_`
+   (declared here) as its error out-parameter; the error object is freed afterwards. */
+#define CHECK_CODE(expr, want)                                                                            \
+  do {                                                                                                    \
+    safetensors_error_t* err_ = NULL;                                                                     \
+    safetensors_code_t got_ = (expr);                                                                     \
+    if (got_ != (want)) {                                                                                 \
+      fprintf(stderr, "%s:%d: %s returned %s, expected %s: %s\n", __FILE__, __LINE__, #expr,              \
+              safetensors_code_name(got_), safetensors_code_name(want),                                   \
+              err_ ? safetensors_error_message(err_) : "(no error object)");                              \
+      ++failures;                                                                                         \
+    }                                                                                                     \
+    safetensors_error_free(err_);                                                                         \
+  } while (0)
+
+#define CHECK_OK(expr) CHECK_CODE(expr, SAFETENSORS_OK)
+
+static char dir[256];
+
+static const char* path_in(const char* name) {
+  static char buf[512];
+  snprintf(buf, sizeof buf, "%s/%s", dir, name);
+  return buf;
+}
+
+static size_t read_whole(const char* path, unsigned char* out, size_t cap) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return 0;
+  size_t n = fread(out, 1, cap, f);
+  fclose(f);
+  return n;
+}
+
+static void write_whole(const char* path, const void* data, size_t n) {
+  FILE* f = fopen(path, "wb");
+  if (!f) return;
+  fwrite(data, 1, n, f);
+  fclose(f);
+}
+
+/* COMPAT.md's golden file: numpy int32 zeros (2, 2) named "test". */
+static void test_golden_save(void) {
+  const uint64_t shape[2] = {2, 2};
+  const int32_t zeros[4] = {0, 0, 0, 0};
+  safetensors_tensor_t t = {"test", 4, SAFETENSORS_I32, 2, shape, zeros, sizeof zeros};
+  CHECK_OK(safetensors_save(path_in("golden.safetensors"), &t, 1, NULL, 0, 0, &err_));
+
+  static const char header[] = "{\"test\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}    ";
+  unsigned char expected[88] = {64, 0, 0, 0, 0, 0, 0, 0};
+  memcpy(expected + 8, header, 64);
+  unsigned char got[128];
+  CHECK(read_whole(path_in("golden.safetensors"), got, sizeof got) == 88);
+  CHECK(memcmp(got, expected, 88) == 0);
+
+  void* buf = NULL;
+  size_t len = 0;
+  CHECK_OK(safetensors_serialize(&t, 1, NULL, 0, &buf, &len, &err_));
+  CHECK(len == 88 && buf != NULL && memcmp(buf, expected, 88) == 0);
+  safetensors_buffer_free(buf);
+
+  /* An empty dict is "{}" and six spaces. */
+  CHECK_OK(safetensors_serialize(NULL, 0, NULL, 0, &buf, &len, &err_));
+  CHECK(len == 16 && memcmp(buf, "\x08\0\0\0\0\0\0\0{}      ", 16) == 0);
+  safetensors_buffer_free(buf);
+}
+
+/* Three tensors with metadata, read back on both backends and from memory. */
+static void test_round_trip(void) {
+  const float w[6] = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
+  const uint64_t w_shape[2] = {2, 3};
+  const int64_t ids[3] = {7, -8, 9};
+  const uint64_t ids_shape[1] = {3};
+  const uint8_t flag = 1;
+  const char odd_name[] = {'a', '\0', 'b'}; /* names may hold NUL */
+  safetensors_tensor_t tensors[3] = {
+      {"weight", 6, SAFETENSORS_F32, 2, w_shape, w, sizeof w},
+      {"ids", 3, SAFETENSORS_I64, 1, ids_shape, ids, sizeof ids},
+      {odd_name, sizeof odd_name, SAFETENSORS_BOOL, 0, NULL, &flag, 1},
+  };
+  safetensors_metadata_entry_t md[2] = {{"format", 6, "pt", 2}, {"note", 4, "caf\xc3\xa9", 5}};
+  CHECK_OK(safetensors_save(path_in("rt.safetensors"), tensors, 3, md, 2, SAFETENSORS_SAVE_FSYNC, &err_));
+
+  safetensors_backend_t backends[2] = {SAFETENSORS_BACKEND_MMAP, SAFETENSORS_BACKEND_PREAD};
+  for (int b = 0; b < 3; ++b) {
+    safetensors_file_t* f = NULL;
+    unsigned char bytes[1024];
+    size_t nbytes = 0;
+    if (b < 2) {
+      CHECK_OK(safetensors_open(path_in("rt.safetensors"), backends[b], &f, &err_));
+      if (!f) continue;
+      CHECK(safetensors_file_backend(f) == backends[b]);
+      CHECK(strcmp(safetensors_file_path(f), path_in("rt.safetensors")) == 0);
+    } else {
+      nbytes = read_whole(path_in("rt.safetensors"), bytes, sizeof bytes);
+      CHECK_OK(safetensors_open_memory(bytes, nbytes, &f, &err_));
+      if (!f) continue;
+      CHECK(safetensors_file_backend(f) == SAFETENSORS_BACKEND_MEMORY);
+      CHECK(strcmp(safetensors_file_path(f), "<memory>") == 0);
+    }
+    CHECK(safetensors_file_tensor_count(f) == 3);
+    /* File order: I64 first (rank), then F32, then BOOL. */
+    size_t len = 0;
+    CHECK(strcmp(safetensors_file_tensor_name(f, 0, &len), "ids") == 0 && len == 3);
+    CHECK(strcmp(safetensors_file_tensor_name(f, 1, NULL), "weight") == 0);
+    const char* odd = safetensors_file_tensor_name(f, 2, &len);
+    CHECK(len == 3 && memcmp(odd, odd_name, 3) == 0 && odd[3] == '\0');
+    CHECK(safetensors_file_tensor_name(f, 3, &len) == NULL && len == 0);
+
+    size_t i = 99;
+    CHECK_OK(safetensors_file_find(f, "weight", 6, &i, &err_));
+    CHECK(i == 1);
+    CHECK_OK(safetensors_file_find(f, odd_name, 3, &i, &err_));
+    CHECK(i == 2);
+    CHECK_CODE(safetensors_file_find(f, "a", 1, &i, NULL), SAFETENSORS_TENSOR_NOT_FOUND);
+    CHECK(i == 2);
+
+    CHECK(safetensors_file_tensor_dtype(f, 1) == SAFETENSORS_F32);
+    CHECK(safetensors_file_tensor_rank(f, 1) == 2);
+    CHECK(safetensors_file_tensor_shape(f, 1)[0] == 2 && safetensors_file_tensor_shape(f, 1)[1] == 3);
+    CHECK(safetensors_file_tensor_rank(f, 2) == 0 && safetensors_file_tensor_shape(f, 2) != NULL);
+    CHECK(safetensors_file_tensor_shape(f, 3) == NULL);
+    uint64_t begin = 1, end = 1;
+    safetensors_file_tensor_offsets(f, 1, &begin, &end);
+    CHECK(begin == 24 && end == 48);
+    CHECK(safetensors_file_tensor_nbytes(f, 1) == 24);
+    CHECK(safetensors_file_data_offset(f) % 8 == 0);
+
+    CHECK(safetensors_file_has_metadata(f) == 1);
+    CHECK(safetensors_file_metadata_count(f) == 2);
+    CHECK(strcmp(safetensors_file_metadata_key(f, 1, &len), "note") == 0 && len == 4);
+    CHECK(strcmp(safetensors_file_metadata_value(f, 1, &len), "caf\xc3\xa9") == 0 && len == 5);
+    CHECK(strcmp(safetensors_file_metadata_get(f, "format", 6, &len), "pt") == 0 && len == 2);
+    CHECK(safetensors_file_metadata_get(f, "nope", 4, NULL) == NULL);
+    CHECK(safetensors_file_metadata_key(f, 2, NULL) == NULL);
+
+    float wback[6] = {0};
+    CHECK_OK(safetensors_file_read_into(f, 1, wback, sizeof wback, &err_));
+    CHECK(memcmp(wback, w, sizeof w) == 0);
+    int64_t idback[3] = {0};
+    CHECK_OK(safetensors_file_read_into(f, 0, idback, sizeof idback, &err_));
+    CHECK(memcmp(idback, ids, sizeof ids) == 0);
+    CHECK_CODE(safetensors_file_read_into(f, 1, wback, sizeof wback - 1, NULL), SAFETENSORS_INVALID_ARGUMENT);
+    CHECK_CODE(safetensors_file_read_into(f, 3, wback, sizeof wback, NULL), SAFETENSORS_INVALID_ARGUMENT);
+
+    safetensors_view_t* v = NULL;
+    if (b == 1) {
+      CHECK_CODE(safetensors_file_view(f, 1, &v, &err_), SAFETENSORS_INVALID_ARGUMENT);
+      CHECK(v == NULL);
+    } else {
+      CHECK_OK(safetensors_file_view(f, 1, &v, &err_));
+      if (v) {
+        CHECK(safetensors_view_size(v) == sizeof w);
+        CHECK(safetensors_view_writable(v) == (b == 0));
+        /* The view keeps the mapping (or borrows the caller's memory) after the file handle is gone. */
+        safetensors_file_free(f);
+        f = NULL;
+        CHECK(memcmp(safetensors_view_data(v), w, sizeof w) == 0);
+        safetensors_view_free(v);
+      }
+    }
+    safetensors_file_free(f);
+  }
+}
+
+static void test_slices(void) {
+  int32_t m[12];
+  for (int k = 0; k < 12; ++k) m[k] = k;
+  const uint64_t shape[2] = {4, 3};
+  safetensors_tensor_t t = {"m", 1, SAFETENSORS_I32, 2, shape, m, sizeof m};
+  CHECK_OK(safetensors_save(path_in("slice.safetensors"), &t, 1, NULL, 0, 0, &err_));
+  for (int b = 0; b < 2; ++b) {
+    safetensors_file_t* f = NULL;
+    CHECK_OK(safetensors_open(path_in("slice.safetensors"), b ? SAFETENSORS_BACKEND_PREAD : SAFETENSORS_BACKEND_MMAP,
+                              &f, &err_));
+    if (!f) continue;
+    /* m[::-2, 1:] -> rows 3, 1; columns 1, 2 */
+    safetensors_slice_t idx[2] = {
+        {SAFETENSORS_SLICE_RANGE, SAFETENSORS_SLICE_HAS_STEP, 0, 0, 0, -2},
+        {SAFETENSORS_SLICE_RANGE, SAFETENSORS_SLICE_HAS_START, 0, 1, 0, 0},
+    };
+    safetensors_slice_plan_t* plan = NULL;
+    CHECK_OK(safetensors_file_plan_slice(f, 0, idx, 2, &plan, &err_));
+    if (plan) {
+      CHECK(safetensors_slice_plan_rank(plan) == 2);
+      CHECK(safetensors_slice_plan_shape(plan)[0] == 2 && safetensors_slice_plan_shape(plan)[1] == 2);
+      CHECK(safetensors_slice_plan_nbytes(plan) == 16);
+      int32_t out[4] = {0};
+      CHECK_OK(safetensors_file_read_slice(f, 0, plan, out, sizeof out, &err_));
+      CHECK(out[0] == 10 && out[1] == 11 && out[2] == 4 && out[3] == 5);
+      CHECK_CODE(safetensors_file_read_slice(f, 0, plan, out, sizeof out - 4, NULL), SAFETENSORS_INVALID_ARGUMENT);
+      CHECK_CODE(safetensors_file_read_slice(f, 1, plan, out, sizeof out, NULL), SAFETENSORS_INVALID_ARGUMENT);
+      safetensors_slice_plan_free(plan);
+    }
+    /* m[-1, ...] -> row 3, a rank-1 result */
+    safetensors_slice_t last[2] = {{SAFETENSORS_SLICE_INDEX, 0, -1, 0, 0, 0}, {SAFETENSORS_SLICE_ELLIPSIS, 0, 0, 0, 0, 0}};
+    CHECK_OK(safetensors_file_plan_slice(f, 0, last, 2, &plan, &err_));
+    if (plan) {
+      int32_t row[3] = {0};
+      CHECK(safetensors_slice_plan_rank(plan) == 1);
+      CHECK_OK(safetensors_file_read_slice(f, 0, plan, row, sizeof row, &err_));
+      CHECK(row[0] == 9 && row[1] == 10 && row[2] == 11);
+      safetensors_slice_plan_free(plan);
+    }
+    safetensors_slice_t oob = {SAFETENSORS_SLICE_INDEX, 0, 4, 0, 0, 0};
+    CHECK_CODE(safetensors_file_plan_slice(f, 0, &oob, 1, &plan, NULL), SAFETENSORS_INVALID_SLICE);
+    CHECK(plan == NULL);
+    safetensors_slice_t bad_kind = {7, 0, 0, 0, 0, 0};
+    CHECK_CODE(safetensors_file_plan_slice(f, 0, &bad_kind, 1, &plan, NULL), SAFETENSORS_INVALID_ARGUMENT);
+    CHECK_OK(safetensors_file_plan_slice(f, 0, NULL, 0, &plan, &err_));
+    CHECK(plan && safetensors_slice_plan_nbytes(plan) == sizeof m);
+    safetensors_slice_plan_free(plan);
+    safetensors_file_free(f);
+  }
+}
+
+static void test_errors(void) {
+  safetensors_error_t* err = NULL;
+  static int sentinel;
+  safetensors_file_t* f = (safetensors_file_t*)(void*)&sentinel; /* a failed open must reset it to NULL */
+
+  CHECK(safetensors_open(path_in("missing.safetensors"), SAFETENSORS_BACKEND_MMAP, &f, &err) == SAFETENSORS_NOT_FOUND);
+  CHECK(f == NULL);
+  CHECK(err != NULL);
+  if (err) {
+    char want[600];
+    snprintf(want, sizeof want, "No such file or directory: %s", path_in("missing.safetensors"));
+    CHECK(strncmp(safetensors_error_message(err), want, strlen(want)) == 0);
+    CHECK(safetensors_error_code(err) == SAFETENSORS_NOT_FOUND);
+    size_t len = 0;
+    CHECK(strcmp(safetensors_error_context(err, &len), path_in("missing.safetensors")) == 0);
+    CHECK(len == strlen(path_in("missing.safetensors")));
+    CHECK(strcmp(safetensors_error_tensor(err, &len), "") == 0 && len == 0);
+  }
+  /* A second failure replaces (and frees) the first error; a success leaves it alone. */
+  CHECK(safetensors_open(dir, SAFETENSORS_BACKEND_PREAD, &f, &err) == SAFETENSORS_IO);
+  CHECK(err && safetensors_error_code(err) == SAFETENSORS_IO);
+  size_t idx = 0;
+  CHECK(safetensors_open(path_in("golden.safetensors"), SAFETENSORS_BACKEND_MMAP, &f, &err) == SAFETENSORS_OK);
+  CHECK(err && safetensors_error_code(err) == SAFETENSORS_IO);
+  CHECK(safetensors_file_find(f, "nope", 4, &idx, &err) == SAFETENSORS_TENSOR_NOT_FOUND);
+  if (err) {
+    CHECK(strcmp(safetensors_error_tensor(err, NULL), "nope") == 0);
+    CHECK(strstr(safetensors_error_message(err), "File does not contain tensor nope") != NULL);
+  }
+  safetensors_file_free(f);
+  safetensors_error_free(err);
+  err = NULL;
+
+  /* One hostile file per header code. */
+  static const struct {
+    const char* bytes;
+    size_t len;
+    safetensors_code_t code;
+  } cases[] = {
+      {"\x02\0\0\0", 4, SAFETENSORS_HEADER_TOO_SMALL},
+      {"\xff\xff\xff\xff\xff\xff\xff\xff{}", 10, SAFETENSORS_HEADER_TOO_LARGE},
+      {"\x10\0\0\0\0\0\0\0{}", 10, SAFETENSORS_INVALID_HEADER_LENGTH},
+      {"\x02\0\0\0\0\0\0\0\xff\xfe", 10, SAFETENSORS_INVALID_HEADER_UTF8},
+      {"\x02\0\0\0\0\0\0\0[]", 10, SAFETENSORS_INVALID_HEADER_JSON},
+      {"\x02\0\0\0\0\0\0\0{}x", 11, SAFETENSORS_METADATA_INCOMPLETE_BUFFER},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    write_whole(path_in("bad.safetensors"), cases[k].bytes, cases[k].len);
+    safetensors_code_t code = safetensors_open(path_in("bad.safetensors"), SAFETENSORS_BACKEND_MMAP, &f, &err);
+    if (code != cases[k].code) {
+      fprintf(stderr, "case %zu: got %s, expected %s\n", k, safetensors_code_name(code),
+              safetensors_code_name(cases[k].code));
+      ++failures;
+    }
+    CHECK(f == NULL);
+    CHECK(err && strcmp(safetensors_error_context(err, NULL), path_in("bad.safetensors")) == 0);
+    /* The same bytes from memory give the same code. */
+    CHECK(safetensors_open_memory(cases[k].bytes, cases[k].len, &f, &err) == cases[k].code);
+  }
+  safetensors_error_free(err);
+  err = NULL;
+
+  /* Writer errors. */
+  const uint64_t shape[1] = {3};
+  const uint8_t data[3] = {1, 2, 3};
+  safetensors_tensor_t t = {"t", 1, SAFETENSORS_U8, 1, shape, data, 2};
+  CHECK_CODE(safetensors_save(path_in("w.safetensors"), &t, 1, NULL, 0, 0, NULL), SAFETENSORS_TENSOR_INVALID_INFO);
+  t.size = 3;
+  t.dtype = 22;
+  CHECK_CODE(safetensors_save(path_in("w.safetensors"), &t, 1, NULL, 0, 0, NULL), SAFETENSORS_INVALID_ARGUMENT);
+  t.dtype = SAFETENSORS_F4;
+  t.size = 1; /* 3 F4 values are 12 bits */
+  CHECK_CODE(safetensors_save(path_in("w.safetensors"), &t, 1, NULL, 0, 0, NULL), SAFETENSORS_MISALIGNED_SLICE);
+  t.dtype = SAFETENSORS_U8;
+  t.size = 3;
+  safetensors_tensor_t two[2] = {t, t};
+  CHECK_CODE(safetensors_save(path_in("w.safetensors"), two, 2, NULL, 0, 0, NULL), SAFETENSORS_INVALID_ARGUMENT);
+  CHECK_CODE(safetensors_save(path_in("w.safetensors"), &t, 1, NULL, 0, 8, NULL), SAFETENSORS_INVALID_ARGUMENT);
+  CHECK_CODE(safetensors_save(path_in("no/such/dir/w.safetensors"), &t, 1, NULL, 0, 0, NULL), SAFETENSORS_NOT_FOUND);
+  CHECK(access(path_in("w.safetensors"), F_OK) != 0);
+  CHECK_CODE(safetensors_open(path_in("golden.safetensors"), SAFETENSORS_BACKEND_MEMORY, &f, NULL),
+             SAFETENSORS_INVALID_ARGUMENT);
+  CHECK_CODE(safetensors_open(path_in("golden.safetensors"), (safetensors_backend_t)9, &f, NULL),
+             SAFETENSORS_INVALID_ARGUMENT);
+
+  /* Empty metadata is written as {} and reads back as present-but-empty. */
+  safetensors_metadata_entry_t none[1] = {{"", 0, "", 0}};
+  CHECK_OK(safetensors_save(path_in("w.safetensors"), &t, 1, none, 0, 0, &err_));
+  CHECK_OK(safetensors_open(path_in("w.safetensors"), SAFETENSORS_BACKEND_MMAP, &f, &err_));
+  if (f) {
+    CHECK(safetensors_file_has_metadata(f) == 1 && safetensors_file_metadata_count(f) == 0);
+    safetensors_file_free(f);
+  }
+  safetensors_error_free(NULL);
+}
+
+static void test_dtypes_and_names(void) {
+  CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_BF16), "BF16") == 0);
+  CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_F8_E4M3FNUZ), "F8_E4M3FNUZ") == 0);
+  CHECK(safetensors_dtype_code((safetensors_dtype_t)22) == NULL);
+  CHECK(safetensors_dtype_bits(SAFETENSORS_F4) == 4 && safetensors_dtype_bits(SAFETENSORS_C64) == 64);
+  CHECK(safetensors_dtype_bits((safetensors_dtype_t)-1) == 0);
+  safetensors_dtype_t d = SAFETENSORS_BOOL;
+  CHECK_OK(safetensors_dtype_from_code("F6_E3M2", 7, &d, &err_));
+  CHECK(d == SAFETENSORS_F6_E3M2);
+  CHECK_CODE(safetensors_dtype_from_code("f32", 3, &d, NULL), SAFETENSORS_INVALID_ARGUMENT);
+  CHECK_CODE(safetensors_dtype_from_code("F32", 2, &d, NULL), SAFETENSORS_INVALID_ARGUMENT);
+  CHECK(strcmp(safetensors_code_name(SAFETENSORS_INVALID_OFFSET), "SAFETENSORS_INVALID_OFFSET") == 0);
+  CHECK(strcmp(safetensors_code_name(12345), "SAFETENSORS_UNKNOWN") == 0);
+  CHECK(strcmp(safetensors_version(), "0.8.0") == 0);
+}
+
+static void test_sharded(void) {
+  enum { N = 6 };
+  uint16_t data[N][10];
+  safetensors_tensor_t tensors[N];
+  char names[N][16];
+  const uint64_t shape[2] = {2, 5};
+  for (int k = 0; k < N; ++k) {
+    for (int j = 0; j < 10; ++j) data[k][j] = (uint16_t)(k * 100 + j);
+    snprintf(names[k], sizeof names[k], "layer.%d", k);
+    safetensors_tensor_t t = {names[k], strlen(names[k]), SAFETENSORS_BF16, 2, shape, data[k], sizeof data[k]};
+    tensors[k] = t;
+  }
+  safetensors_metadata_entry_t md = {"format", 6, "pt", 2};
+  size_t shards = 0;
+  /* 20 bytes per tensor, at most 45 per shard: two per shard. */
+  CHECK_OK(safetensors_save_sharded(dir, NULL, 45, tensors, N, &md, 1, 0, &shards, &err_));
+  CHECK(shards == 3);
+  CHECK(access(path_in("model-00003-of-00003.safetensors"), F_OK) == 0);
+  CHECK_CODE(safetensors_save_sharded(dir, "a/b", 45, tensors, N, NULL, 0, 0, NULL, NULL), SAFETENSORS_INVALID_ARGUMENT);
+
+  safetensors_sharded_t* s = NULL;
+  CHECK_OK(safetensors_sharded_open_index(path_in("model.safetensors.index.json"), SAFETENSORS_BACKEND_MMAP, &s, &err_));
+  if (s) {
+    CHECK(safetensors_sharded_shard_count(s) == 3);
+    CHECK(strcmp(safetensors_sharded_shard_path(s, 1), path_in("model-00002-of-00003.safetensors")) == 0);
+    CHECK(safetensors_sharded_shard_path(s, 3) == NULL);
+    CHECK(safetensors_sharded_metadata_count(s) == 1);
+    CHECK(strcmp(safetensors_sharded_metadata_key(s, 0, NULL), "total_size") == 0);
+    CHECK(strcmp(safetensors_sharded_metadata_value(s, 0, NULL), "120") == 0);
+    CHECK(safetensors_sharded_tensor_count(s) == N);
+    size_t i = 0;
+    CHECK_OK(safetensors_sharded_find(s, "layer.4", 7, &i, &err_));
+    CHECK(strcmp(safetensors_sharded_tensor_name(s, i, NULL), "layer.4") == 0);
+    CHECK(safetensors_sharded_tensor_shard(s, i) == 2);
+    CHECK(safetensors_sharded_tensor_shard(s, N) == 3);
+    CHECK(safetensors_sharded_tensor_dtype(s, i) == SAFETENSORS_BF16);
+    CHECK(safetensors_sharded_tensor_rank(s, i) == 2 && safetensors_sharded_tensor_shape(s, i)[1] == 5);
+    CHECK(safetensors_sharded_tensor_nbytes(s, i) == 20);
+    uint16_t back[10];
+    CHECK_OK(safetensors_sharded_read_into(s, i, back, sizeof back, &err_));
+    CHECK(memcmp(back, data[4], sizeof back) == 0);
+    CHECK_CODE(safetensors_sharded_find(s, "layer.9", 7, &i, NULL), SAFETENSORS_TENSOR_NOT_FOUND);
+
+    uint16_t all[N][10];
+    safetensors_read_request_t reqs[N];
+    for (size_t k = 0; k < N; ++k) {
+      size_t pos = 0;
+      CHECK_OK(safetensors_sharded_find(s, names[k], strlen(names[k]), &pos, &err_));
+      reqs[k].tensor = pos;
+      reqs[k].dst = all[k];
+      reqs[k].dst_len = sizeof all[k];
+    }
+    CHECK_OK(safetensors_sharded_read_many(s, reqs, N, 3, &err_));
+    CHECK(memcmp(all, data, sizeof all) == 0);
+    reqs[2].dst_len = 3;
+    CHECK_CODE(safetensors_sharded_read_many(s, reqs, N, 0, NULL), SAFETENSORS_INVALID_ARGUMENT);
+    reqs[2].dst_len = 20;
+    reqs[2].tensor = N;
+    CHECK_CODE(safetensors_sharded_read_many(s, reqs, N, 0, NULL), SAFETENSORS_INVALID_ARGUMENT);
+
+    safetensors_view_t* v = NULL;
+    CHECK_OK(safetensors_sharded_view(s, 0, &v, &err_));
+    safetensors_sharded_free(s);
+    if (v) {
+      CHECK(safetensors_view_size(v) == 20 && memcmp(safetensors_view_data(v), data[0], 20) == 0);
+      safetensors_view_free(v);
+    }
+  }
+
+  /* By file list; the index's shard-3 file repeats nothing, so listing a shard twice is an error. */
+  const char* paths[3];
+  char p1[512], p2[512];
+  snprintf(p1, sizeof p1, "%s", path_in("model-00001-of-00003.safetensors"));
+  snprintf(p2, sizeof p2, "%s", path_in("model-00003-of-00003.safetensors"));
+  paths[0] = p1;
+  paths[1] = p2;
+  paths[2] = p1;
+  CHECK_OK(safetensors_sharded_open_files(paths, 2, SAFETENSORS_BACKEND_PREAD, &s, &err_));
+  if (s) {
+    CHECK(safetensors_sharded_tensor_count(s) == 4);
+    CHECK(safetensors_sharded_metadata_count(s) == 0);
+    safetensors_sharded_free(s);
+  }
+  safetensors_error_t* err = NULL;
+  CHECK(safetensors_sharded_open_files(paths, 3, SAFETENSORS_BACKEND_MMAP, &s, &err) == SAFETENSORS_INVALID_ARGUMENT);
+  CHECK(s == NULL);
+  CHECK(err && strstr(safetensors_error_message(err), "is also in") != NULL);
+  safetensors_error_free(err);
+
+  const char* broken = "{\"weight_map\": {\"x\": 1}}";
+  write_whole(path_in("broken.index.json"), broken, strlen(broken));
+  CHECK_CODE(safetensors_sharded_open_index(path_in("broken.index.json"), SAFETENSORS_BACKEND_MMAP, &s, NULL),
+             SAFETENSORS_INVALID_ARGUMENT);
+  const char* gone = "{\"weight_map\": {\"x\": \"gone.safetensors\"}}";
+  write_whole(path_in("gone.index.json"), gone, strlen(gone));
+  CHECK_CODE(safetensors_sharded_open_index(path_in("gone.index.json"), SAFETENSORS_BACKEND_MMAP, &s, NULL),
+             SAFETENSORS_NOT_FOUND);
+  CHECK_CODE(safetensors_sharded_open_index(path_in("none.json"), SAFETENSORS_BACKEND_MMAP, &s, NULL),
+             SAFETENSORS_NOT_FOUND);
+}
+
+static void remove_dir(void) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int main(void) {
+  const char* tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/st_c_api_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (mkdtemp(dir) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_golden_save();
+  test_round_trip();
+  test_slices();
+  test_errors();
+  test_dtypes_and_names();
+  test_sharded();
+  remove_dir();
+  if (failures) {
+    fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("c_api_test: all checks passed\n");
+  return 0;
+}
