@@ -49,7 +49,9 @@ AxisSpec normalize_range(const SliceIndex& s, std::uint64_t length) {
   AxisSpec a;
   a.start = count > 0 ? static_cast<std::uint64_t>(start) : 0;
   a.count = static_cast<std::uint64_t>(count);
-  a.step = static_cast<std::int64_t>(step);
+  // With at most one position the step is never taken: 1 lets the axis join a contiguous run (a sub-byte
+  // tensor's x[:, ::-1, :] over a length-1 axis is the whole tensor, not a misaligned slice).
+  a.step = count > 1 ? static_cast<std::int64_t>(step) : 1;
   a.keep = true;
   return a;
 }
