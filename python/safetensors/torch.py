@@ -117,9 +117,9 @@ def storage_size(tensor: torch.Tensor) -> int:
         return tensor.untyped_storage().nbytes()
     except Exception:
         try:
-            return tensor.storage().size() * _SIZE[tensor.dtype]
+            return tensor.storage().size() * tensor.element_size()
         except NotImplementedError:
-            return tensor.nelement() * _SIZE[tensor.dtype]
+            return tensor.nelement() * tensor.element_size()
 
 
 def _end_ptr(tensor: torch.Tensor) -> int:
@@ -127,12 +127,12 @@ def _end_ptr(tensor: torch.Tensor) -> int:
     if tensor.nelement() == 0:
         return tensor.data_ptr()
     span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
-    return tensor.data_ptr() + span * _SIZE[tensor.dtype]
+    return tensor.data_ptr() + span * tensor.element_size()
 
 
 def _is_complete(tensor: torch.Tensor) -> bool:
     """True when the tensor covers its whole storage."""
-    return tensor.data_ptr() == storage_ptr(tensor) and tensor.nelement() * _SIZE[tensor.dtype] == storage_size(tensor)
+    return tensor.data_ptr() == storage_ptr(tensor) and tensor.nelement() * tensor.element_size() == storage_size(tensor)
 
 
 def _find_shared_tensors(state_dict: Dict[str, torch.Tensor]) -> List[Set[str]]:

@@ -163,6 +163,11 @@ def test_shared_tensor_helpers():
     assert st._end_ptr(x[1:3]) - x.data_ptr() == 12
     assert st._is_complete(x) and not st._is_complete(x[:3]) and not st._is_complete(x[1:])
     assert st._tobytes(x[1:3], "x") == x[1:3].numpy().tobytes()
+    # Dtypes the format cannot store still pass through the shared-memory checks to the dtype error.
+    c128 = torch.zeros(2, dtype=torch.complex128)
+    assert st._find_shared_tensors({"c": c128, "d": c128}) == [{"c", "d"}]
+    with pytest.raises(SafetensorError, match="complex128, which safetensors cannot store"):
+        save({"c": c128})
 
 
 # -- devices -----------------------------------------------------------------------------------------------
