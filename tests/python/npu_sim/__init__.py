@@ -1,0 +1,216 @@
+"""A simulated Ascend NPU for tests, in-process, on a CPU-only torch.
+
+``install(num_devices)`` compiles (once; cached under build/npu_sim) and loads a small C++ extension that
+registers a PrivateUse1 backend -- allocator, device guard, hooks, empty/copy/view kernels and a CPU fallback
+for every other op -- then renames PrivateUse1 to ``npu`` and registers ``torch.npu``, as torch_npu does.
+Afterwards ``torch.empty(..., device="npu:1")``, ``x.to("npu:0")``, ``x.cpu()``, ``x.npu()``,
+``torch.npu.is_available()`` and the rest work, with each simulated device's memory allocated and counted
+separately from CPU memory (``device_of``, ``bytes_allocated``) and every copy counted (``copy_stats``).
+Device memory is filled with POISON_BYTE when allocated, and (by default) the host cannot touch it outside the
+backend's own kernels: reading an npu tensor through its data_ptr() crashes, as on a real NPU.
+
+Process-wide and irreversible, like importing torch_npu: once installed, ``torch.accelerator`` reports ``npu``
+and an integer device (``device=0``) means ``npu:0`` for the rest of the process. A test module that must not
+change the process it is collected in can run itself in a child pytest: see ``may_install_here`` and
+``run_pytest_child`` (tests/python/test_npu_sim.py does).
+
+    @pytest.fixture(scope="module")
+    def npu():
+        if not npu_sim.may_install_here():
+            pytest.skip("run with NPU_SIM_IN_PROCESS=1, or through npu_sim.run_pytest_child")
+        npu_sim.install(2)
+        return npu_sim
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "install", "installed", "num_devices", "protects_device_memory", "supports_pinned_memory",
+    "device_of", "bytes_allocated", "memory_stats", "pinned_bytes_allocated",
+    "copy_stats", "fallback_ops", "reset_copy_stats",
+    "may_install_here", "run_pytest_child", "IN_PROCESS_ENV", "POISON_BYTE", "BUILD_DIR", "build_seconds",
+]
+
+_HERE = Path(__file__).resolve().parent
+BUILD_DIR = Path(os.environ.get("NPU_SIM_BUILD_DIR", str(_HERE.parents[2] / "build" / "npu_sim")))
+POISON_BYTE = 0xCB  # fresh device memory is filled with this byte: a load must write every byte it returns
+_PINNED = -1  # memory_stats index of pinned host memory
+
+IN_PROCESS_ENV = "NPU_SIM_IN_PROCESS"  # "1": install in this process (set in the children run_pytest_child starts)
+_lock = threading.Lock()
+_num_devices: Optional[int] = None
+_pinned_supported: Optional[bool] = None
+_protect: Optional[bool] = None
+build_seconds: Optional[float] = None  # seconds install() spent compiling or loading the extension
+
+
+def _load_extension() -> None:
+    global build_seconds
+    from torch.utils.cpp_extension import load
+
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    load(name="npu_sim_ext", sources=[str(_HERE / "npu_sim.cpp")], build_directory=str(BUILD_DIR),
+         extra_cflags=["-O1"], is_python_module=False, verbose=bool(os.environ.get("NPU_SIM_VERBOSE")))
+    build_seconds = time.perf_counter() - start
+
+
+def install(num_devices: int = 2, *, protect_device_memory: Optional[bool] = None) -> None:
+    """Registers the simulated ``npu`` backend with ``num_devices`` devices. Idempotent; calling it again with
+    another count or protection raises RuntimeError (both are fixed for the process).
+
+    ``protect_device_memory`` (default: True unless the environment sets NPU_SIM_HOST_ACCESS=1) maps device
+    memory PROT_NONE outside the backend's own copy/fill kernels, so host code that reads or writes an npu
+    tensor through its ``data_ptr()`` crashes with SIGSEGV, as it would on a real NPU."""
+    global _num_devices, _pinned_supported, _protect
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or not 1 <= num_devices <= 16:
+        raise ValueError(f"num_devices must be an int in [1, 16], got {num_devices!r}")
+    with _lock:
+        if _num_devices is not None:
+            if num_devices != _num_devices:
+                raise RuntimeError(f"npu_sim is already installed with {_num_devices} device(s); "
+                                   f"it cannot be reinstalled with {num_devices} in the same process")
+            if protect_device_memory is not None and protect_device_memory != _protect:
+                raise RuntimeError(f"npu_sim is already installed with protect_device_memory={_protect}")
+            return
+        if protect_device_memory is None:
+            protect_device_memory = os.environ.get("NPU_SIM_HOST_ACCESS") != "1"
+        name = torch._C._get_privateuse1_backend_name()
+        if name not in ("privateuseone", "npu"):
+            raise RuntimeError(f"PrivateUse1 is already renamed to {name!r}; npu_sim cannot register 'npu'")
+        existing = getattr(torch, "npu", None)
+        if existing is not None and getattr(existing, "__name__", "") != f"{__name__}._module":
+            raise RuntimeError("torch.npu already exists (is torch_npu imported?); npu_sim would conflict with it")
+
+        _load_extension()
+        torch.ops.npu_sim.configure(num_devices, bool(protect_device_memory))
+        if name == "privateuseone":
+            torch.utils.rename_privateuse1_backend("npu")
+        from . import _module
+
+        if existing is None:
+            torch._register_device_module("npu", _module)
+        if not hasattr(torch.Tensor, "npu"):
+            torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
+                                                                 for_packed_sequence=True, for_storage=True)
+        _num_devices = num_devices
+        _protect = bool(protect_device_memory)
+        _pinned_supported = _probe_pinned_memory()
+
+
+def _probe_pinned_memory() -> bool:
+    try:
+        empty = torch.empty(16, dtype=torch.uint8, pin_memory=True)
+        pinned = torch.zeros(16, dtype=torch.uint8).pin_memory()
+    except RuntimeError:
+        return False
+    return bool(empty.is_pinned() and pinned.is_pinned() and device_of(empty) is None)
+
+
+def protects_device_memory() -> bool:
+    """Whether host access to device memory outside the backend's kernels faults (see install)."""
+    _require()
+    return bool(_protect)
+
+
+def installed() -> bool:
+    return _num_devices is not None
+
+
+def num_devices() -> int:
+    _require()
+    assert _num_devices is not None
+    return _num_devices
+
+
+def _require() -> None:
+    if _num_devices is None:
+        raise RuntimeError("npu_sim is not installed: call npu_sim.install() first")
+
+
+def device_of(tensor: torch.Tensor) -> Optional[int]:
+    """The index of the simulated device whose memory holds ``tensor``'s first byte, judged by where the bytes
+    were allocated (not by ``tensor.device``); None for host memory (CPU, pinned) and for tensors without bytes."""
+    _require()
+    index = int(torch.ops.npu_sim.device_of(tensor))
+    return index if index >= 0 else None
+
+
+def memory_stats(index: int) -> dict:
+    """Allocator bookkeeping of simulated device ``index`` (or -1 for pinned host memory):
+    live_bytes, live_blocks (allocations alive now), total_blocks, total_bytes (ever allocated)."""
+    _require()
+    live_bytes, live_blocks, total_blocks, total_bytes = (int(v) for v in torch.ops.npu_sim.memory_stats(index))
+    return {"live_bytes": live_bytes, "live_blocks": live_blocks, "total_blocks": total_blocks,
+            "total_bytes": total_bytes}
+
+
+def bytes_allocated(index: int) -> int:
+    """Bytes of simulated device memory alive on device ``index`` now."""
+    if not 0 <= index < num_devices():
+        raise ValueError(f"no simulated npu device {index}: there are {num_devices()}")
+    return memory_stats(index)["live_bytes"]
+
+
+def pinned_bytes_allocated() -> int:
+    """Bytes of host-pinned memory (pin_memory()) alive now."""
+    return memory_stats(_PINNED)["live_bytes"]
+
+
+def copy_stats() -> dict:
+    """Copies between host and simulated devices since the last reset: ``h2d``, ``d2h``, ``d2d`` -- the copies
+    the code asked for (``.to``, ``.cpu``, ``copy_``) -- and ``fallback`` -- those the CPU fallback made to run
+    an op that has no simulated kernel -- each ``{"count", "bytes"}`` (bytes written to the destination), plus
+    ``non_blocking``: how many of the asked-for copies were requested non-blocking."""
+    _require()
+    values = [int(v) for v in torch.ops.npu_sim.copy_stats()]
+    stats: dict = {}
+    for i, direction in enumerate(("h2d", "d2h", "d2d", "fallback")):
+        stats[direction] = {"count": values[2 * i], "bytes": values[2 * i + 1]}
+    stats["non_blocking"] = values[8]
+    return stats
+
+
+def fallback_ops() -> dict:
+    """``{"aten::op.overload": calls}`` for the ops on npu tensors that ran through the CPU fallback since the
+    last reset (everything but allocation, copies, fill_/zero_, resize_, set_ and views)."""
+    _require()
+    text = str(torch.ops.npu_sim.fallback_ops())
+    return {name: int(count) for name, _, count in (item.rpartition("=") for item in text.split(";") if item)}
+
+
+def reset_copy_stats() -> None:
+    """Zeroes copy_stats() and fallback_ops()."""
+    _require()
+    torch.ops.npu_sim.reset_copy_stats()
+
+
+def supports_pinned_memory() -> bool:
+    """Whether ``tensor.pin_memory()`` and ``torch.empty(..., pin_memory=True)`` give pinned host memory from
+    the simulated backend's pinned allocator (probed at install)."""
+    _require()
+    return bool(_pinned_supported)
+
+
+def may_install_here() -> bool:
+    """True when installing the simulator cannot change what other tests of this process see: it is installed
+    already, or this process was started to run simulator tests (``NPU_SIM_IN_PROCESS=1``)."""
+    return installed() or os.environ.get(IN_PROCESS_ENV) == "1"
+
+
+def run_pytest_child(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Runs ``python -m pytest -q -p no:cacheprovider *args`` in a child process with ``NPU_SIM_IN_PROCESS=1``;
+    returns the completed process with stdout and stderr as text. The timeout leaves room for a first build."""
+    env = dict(os.environ, **{IN_PROCESS_ENV: "1"})
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
