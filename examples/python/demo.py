@@ -1,0 +1,175 @@
+"""The demo behind `bash scripts/demo.sh`: generate a GPT-2-sized checkpoint, save it, inspect it, load it back
+on every available device, and compare speed with the reference safetensors and torch.save/torch.load."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import safetensors
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "build" / "demo"
+REFERENCE = Path(os.environ.get("SAFETENSORS_REFERENCE_PATH", ROOT / ".ref"))
+REPEAT = 3
+
+
+def gpt2_small() -> dict:
+    """The tensors of GPT-2 small (124M parameters) with random float32 values."""
+    g = torch.Generator().manual_seed(0)
+    d, layers = 768, 12
+    shapes = {"wte.weight": (50257, d), "wpe.weight": (1024, d), "ln_f.weight": (d,), "ln_f.bias": (d,)}
+    for i in range(layers):
+        p = f"h.{i}."
+        shapes.update({
+            p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
+            p + "attn.c_attn.weight": (d, 3 * d), p + "attn.c_attn.bias": (3 * d,),
+            p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
+            p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
+            p + "mlp.c_fc.weight": (d, 4 * d), p + "mlp.c_fc.bias": (4 * d,),
+            p + "mlp.c_proj.weight": (4 * d, d), p + "mlp.c_proj.bias": (d,),
+        })
+    return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
+
+
+def best_of(fn, repeat: int = REPEAT) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def touch_all(tensors: dict) -> float:
+    """Reads one value per 4 KiB page of every tensor, so lazily mapped tensors are really brought in."""
+    return float(sum(t.reshape(-1)[::1024].double().sum() for t in tensors.values() if t.is_floating_point()))
+
+
+def checksum(tensors: dict) -> float:
+    return float(sum(t.double().sum() for t in tensors.values()))
+
+
+def available_devices() -> list:
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    for kind in ("npu", "xpu", "mlu", "musa"):
+        module = getattr(torch, kind, None)
+        if module is not None and getattr(module, "is_available", lambda: False)():
+            devices += [f"{kind}:{i}" for i in range(module.device_count())]
+    if torch.backends.mps.is_available():
+        devices.append("mps")
+    return devices
+
+
+REFERENCE_BENCH = r"""
+import sys, time, torch
+from safetensors.torch import save_file, load_file
+path, repeat = sys.argv[1], int(sys.argv[2])
+state = torch.load(path + ".pt", weights_only=True)
+def best(fn):
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter(); fn(); out.append(time.perf_counter() - t0)
+    return min(out)
+def load_touch():
+    d = load_file(path)
+    return sum(float(t.reshape(-1)[::1024].double().sum()) for t in d.values())
+print(best(lambda: save_file(state, path + ".ref")), best(lambda: load_file(path)), best(load_touch),
+      best(lambda: load_file(path, backend="pread")))
+"""
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "gpt2.safetensors"
+    print(f"safetensors {safetensors.__version__} (C++ core), torch {torch.__version__}")
+
+    print("\n1. Generating a GPT-2-sized checkpoint")
+    state = gpt2_small()
+    params = sum(t.numel() for t in state.values())
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    print(f"   {len(state)} tensors, {params / 1e6:.1f}M parameters, {nbytes / 2**20:.0f} MiB (float32)")
+
+    print("\n2. Saving")
+    t_save = best_of(lambda: save_file(state, path, metadata={"format": "pt", "model": "gpt2-small (random)"}))
+    print(f"   save_file  -> {path.relative_to(ROOT)}: {t_save:.3f} s ({nbytes / t_save / 1e9:.2f} GB/s)")
+    t_torch_save = best_of(lambda: torch.save(state, str(path) + ".pt"))
+
+    print("\n3. Inspecting")
+    with safe_open(path, "pt") as f:
+        keys = f.keys()
+        meta = f.metadata()
+        by_dtype: dict = {}
+        largest = []
+        for name in keys:
+            sl = f.get_slice(name)
+            count = 1
+            for d in sl.get_shape():
+                count *= d
+            by_dtype[sl.get_dtype()] = by_dtype.get(sl.get_dtype(), 0) + count
+            largest.append((count, name, sl.get_shape()))
+        print(f"   metadata: {meta}")
+        print(f"   {len(keys)} tensors; parameters by dtype: " + ", ".join(f"{k} {v:,}" for k, v in by_dtype.items()))
+        for count, name, shape in sorted(largest, reverse=True)[:3]:
+            print(f"   {name:<28} {str(shape):<14} {count:>12,} parameters")
+        row = f.get_slice("wte.weight")[1000:1002, ::256]
+        print(f"   slice wte.weight[1000:1002, ::256] -> shape {tuple(row.shape)}, reads only those bytes")
+
+    print("\n4. Loading back on every available device")
+    reference_sum = checksum(state)
+    for device in available_devices():
+        t0 = time.perf_counter()
+        loaded = load_file(path, device=device)
+        elapsed = time.perf_counter() - t0
+        ok = all(torch.equal(loaded[k].cpu(), state[k]) for k in state)
+        where = {t.device for t in loaded.values()}
+        print(f"   {device:<8} {elapsed:.3f} s  tensors on {sorted(map(str, where))}  identical to the saved ones: {ok}")
+        assert ok
+
+    print("\n5. Speed (best of %d, warm page cache; this machine has %d CPUs)" % (REPEAT, os.cpu_count() or 1))
+    ours = {
+        "save": t_save,
+        "load, lazy (mmap)": best_of(lambda: load_file(path)),
+        "load + touch every page (mmap)": best_of(lambda: touch_all(load_file(path))),
+        "load, materialized (pread)": best_of(lambda: load_file(path, backend="pread")),
+    }
+    theirs = {}
+    if (REFERENCE / "safetensors" / "__init__.py").exists():
+        env = dict(os.environ, PYTHONPATH=str(REFERENCE))
+        out = subprocess.run([sys.executable, "-c", REFERENCE_BENCH, str(path), str(REPEAT)], env=env,
+                             capture_output=True, text=True, check=True).stdout.split()
+        theirs = dict(zip(ours, map(float, out)))
+    pt = str(path) + ".pt"
+    torch_times = {
+        "save": t_torch_save,
+        "load, lazy (mmap)": best_of(lambda: torch.load(pt, weights_only=True, mmap=True)),
+        "load + touch every page (mmap)": best_of(lambda: touch_all(torch.load(pt, weights_only=True, mmap=True))),
+        "load, materialized (pread)": best_of(lambda: torch.load(pt, weights_only=True)),
+    }
+    header = f"   {'operation':<34}{'this package':>14}{'reference 0.8.0':>17}{'torch.save/load':>17}"
+    print(header)
+    print("   " + "-" * (len(header) - 3))
+    for op, t in ours.items():
+        ref = f"{theirs[op]:.3f} s" if op in theirs else "n/a"
+        tt = f"{torch_times[op]:.3f} s" if op in torch_times else "n/a"
+        speedup = f"  ({theirs[op] / t:.1f}x ref)" if op in theirs else ""
+        print(f"   {op:<34}{t:>12.3f} s{ref:>17}{tt:>17}{speedup}")
+    print("\n   torch: torch.save, torch.load(weights_only=True, mmap=True) for the mmap rows, torch.load(weights_only=True)"
+          " for the materialized row.")
+    if not theirs:
+        print("   (the reference is not installed in .ref; run scripts/setup.sh for the comparison)")
+    assert checksum(load_file(path)) == reference_sum
+
+
+if __name__ == "__main__":
+    main()
