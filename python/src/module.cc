@@ -59,6 +59,16 @@ void check(Status s, Op op = Op::kOther) {
   if (!s.ok()) throw TranslatedError{std::move(s).error(), op};
 }
 
+// Raises `type` with the whole of `text`: a NUL inside a tensor name or dtype must not cut the message (and
+// its variant token) short, and bytes that are not UTF-8 (a path) become backslash escapes instead of
+// turning the error into a UnicodeDecodeError.
+void set_error(PyObject* type, const std::string& text) {
+  PyObject* message = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+  if (message == nullptr) return;
+  PyErr_SetObject(type, message);
+  Py_DECREF(message);
+}
+
 void translate_error(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
@@ -66,24 +76,24 @@ void translate_error(const std::exception_ptr& p, void*) {
     const Error& e = t.error;
     switch (e.kind()) {
       case Error::Kind::kNotFound:
-        PyErr_SetString(PyExc_FileNotFoundError, e.message().c_str());
+        set_error(PyExc_FileNotFoundError, e.message());
         return;
       case Error::Kind::kIo:
-        PyErr_SetString(PyExc_OSError, e.to_string().c_str());
+        set_error(PyExc_OSError, e.to_string());
         return;
       case Error::Kind::kInvalidSlice:
-        PyErr_SetString(g_slice_error, e.to_string().c_str());
+        set_error(g_slice_error, e.to_string());
         return;
       case Error::Kind::kTensorNotFound:
       case Error::Kind::kInvalidArgument:
-        PyErr_SetString(g_safetensor_error, e.to_string().c_str());
+        set_error(g_safetensor_error, e.to_string());
         return;
       default: {
         const char* prefix = t.op == Op::kOpenFile    ? "Error while deserializing header: "
                              : t.op == Op::kOpenBytes ? "Error while deserializing: "
                              : t.op == Op::kSerialize ? "Error while serializing: "
                                                       : "";
-        PyErr_SetString(g_safetensor_error, (prefix + e.to_string()).c_str());
+        set_error(g_safetensor_error, prefix + e.to_string());
         return;
       }
     }
