@@ -180,33 +180,30 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   return flush();
 }
 
-Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
-  struct Piece {
-    std::uint64_t source_offset;
-    std::byte* dst;
-    std::uint64_t length;
-  };
-  std::vector<Piece> pieces;
-  std::uint64_t total = 0;
-  for (const ReadRequest& r : requests) {
-    if (r.tensor == nullptr || r.dst.size() != r.tensor->nbytes()) {
-      return Error::invalid_argument(path(), "read_many: destination size does not match tensor `" +
-                                                 (r.tensor ? std::string(r.tensor->name) : std::string("<null>")) + "`");
-    }
-    const std::uint64_t start = data_offset() + r.tensor->begin;
-    for (std::uint64_t off = 0; off < r.dst.size(); off += kReadChunk) {
-      const std::uint64_t len = std::min<std::uint64_t>(kReadChunk, r.dst.size() - off);
-      pieces.push_back({start + off, r.dst.data() + off, len});
-    }
-    total += r.dst.size();
+namespace {
+
+// A contiguous range of the file to copy to dst.
+struct Piece {
+  std::uint64_t source_offset;
+  std::byte* dst;
+  std::uint64_t length;
+};
+
+// Appends [source_offset, source_offset + dst.size()) as pieces of at most kReadChunk bytes.
+void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, std::vector<Piece>* pieces) {
+  for (std::uint64_t off = 0; off < dst.size(); off += kReadChunk) {
+    pieces->push_back({source_offset + off, dst.data() + off, std::min<std::uint64_t>(kReadChunk, dst.size() - off)});
   }
+}
+
+// Reads every piece with up to `threads` threads (0 = by size and hardware); the first error wins.
+Status read_pieces(const Source& src, const std::vector<Piece>& pieces, std::uint64_t total, unsigned threads) {
   if (threads == 0) {
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
     threads = std::min<unsigned>({hw, 8u, static_cast<unsigned>(total / kReadChunk) + 1});
   }
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(pieces.size())));
 
-  const Source& src = *state_->source;
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex error_mu;
@@ -233,6 +230,35 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
   }
   if (first_error) return std::move(*first_error);
   return ok_status();
+}
+
+}  // namespace
+
+Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
+  std::vector<Piece> pieces;
+  std::uint64_t total = 0;
+  for (const ReadRequest& r : requests) {
+    if (r.tensor == nullptr || r.dst.size() != r.tensor->nbytes()) {
+      return Error::invalid_argument(path(), "read_many: destination size does not match tensor `" +
+                                                 (r.tensor ? std::string(r.tensor->name) : std::string("<null>")) + "`");
+    }
+    split_into_pieces(data_offset() + r.tensor->begin, r.dst, &pieces);
+    total += r.dst.size();
+  }
+  return read_pieces(*state_->source, pieces, total, threads);
+}
+
+Status File::read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned threads) const {
+  const std::uint64_t data_size = size() - data_offset();
+  auto end = internal::checked_add(offset, dst.size());
+  if (!end || *end > data_size) {
+    return Error::invalid_argument(path(), "read_range: [" + std::to_string(offset) + ", +" +
+                                               std::to_string(dst.size()) + ") is outside the " +
+                                               std::to_string(data_size) + "-byte data buffer");
+  }
+  std::vector<Piece> pieces;
+  split_into_pieces(data_offset() + offset, dst, &pieces);
+  return read_pieces(*state_->source, pieces, dst.size(), threads);
 }
 
 }  // namespace safetensors

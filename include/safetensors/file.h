@@ -136,6 +136,12 @@ class SAFETENSORS_EXPORT File {
   // REQUIRES: each request's tensor belongs to this File and dst.size() == tensor->nbytes().
   Status read_many(std::span<const ReadRequest> requests, unsigned threads = 0) const;
 
+  // Copies bytes [offset, offset + dst.size()) of the data buffer (offsets as in data_offsets) into dst, with
+  // up to `threads` threads (0 = by size and hardware). Consecutive tensors are adjacent in the data buffer,
+  // so one call can fill a staging buffer with many of them. Errors: kInvalidArgument (range outside the
+  // data buffer), kIo.
+  Status read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned threads = 0) const;
+
  private:
   struct State;
   explicit File(std::shared_ptr<const State> state) : state_(std::move(state)) {}

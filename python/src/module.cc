@@ -350,6 +350,14 @@ NB_MODULE(_safetensors_cpp, m) {
           "items"_a, "threads"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
           "Reads [(name, ptr, nbytes)] with a pool of threads. Releases the GIL.")
       .def(
+          "read_range",
+          [](const File& f, std::uint64_t offset, std::uintptr_t ptr, std::uint64_t nbytes, unsigned threads) {
+            check(f.read_range(offset, dest(ptr, nbytes), threads));
+          },
+          "offset"_a, "ptr"_a, "nbytes"_a, "threads"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
+          "Reads data-buffer bytes [offset, offset + nbytes) to the address ptr, with a pool of threads. "
+          "Releases the GIL.")
+      .def(
           "plan_slice",
           [](const File& f, std::string_view name, const std::vector<PyIndex>& spec) {
             const TensorInfo* t = check(f.info(name));

@@ -231,3 +231,30 @@ TEST(FileTest, FaultySourceInjectsReadErrors) {
 
 }  // namespace
 }  // namespace safetensors
+
+namespace safetensors {
+namespace {
+
+TEST(FileTest, ReadRangeCopiesAdjacentTensorsInOneCall) {
+  test::TempDir dir;
+  std::vector<std::byte> a = test::random_bytes(3 << 20, 1), b = test::random_bytes(1000, 2);
+  std::vector<TensorData> ts = {{"a", Dtype::kU8, {a.size()}, a}, {"b", Dtype::kU8, {b.size()}, b}};
+  const std::string path = dir.file("r.safetensors");
+  ASSERT_ST_OK(save_file(path, ts));
+  for (Backend backend : {Backend::kMmap, Backend::kPread}) {
+    auto f = File::open(path, {.backend = backend});
+    ASSERT_ST_OK(f);
+    std::vector<std::byte> all(a.size() + b.size());
+    ASSERT_ST_OK(f->read_range(0, all, 3));
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), all.begin()));
+    EXPECT_TRUE(std::equal(b.begin(), b.end(), all.begin() + a.size()));
+    std::vector<std::byte> tail(10);
+    ASSERT_ST_OK(f->read_range(a.size() + b.size() - 10, tail));
+    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), b.end() - 10));
+    EXPECT_ST_ERROR(f->read_range(a.size() + b.size() - 9, tail), kInvalidArgument);
+    EXPECT_ST_ERROR(f->read_range(UINT64_MAX - 2, tail), kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace safetensors
