@@ -84,7 +84,10 @@ class Framework:
 
         spec = parse_reference_device(device)
         if spec != "cpu":
-            raise SafetensorError(f"Device {device} is not supported for framework {self.name}")
+            # Spelled as the reference spells it: a bare type gets ":0", except mps, which has no index.
+            kind, _, index = spec.partition(":")
+            name = spec if kind.isdigit() else "mps" if kind == "mps" else f"{kind}:{index or 0}"
+            raise SafetensorError(f"Device {name} is not supported for framework {self.name}")
         return "cpu"
 
     def is_cpu(self, device: Any) -> bool:
