@@ -1,0 +1,165 @@
+"""Loading to and saving from Ascend NPU devices, against the simulated NPU of tests/python/npu_sim.
+
+The simulator registers ``npu`` for the whole process (as importing torch_npu does), so when this file is
+collected in a process without it, its tests run in a child pytest, reported by ``test_npu_in_a_child_process``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import npu_sim
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load, load_file, load_model, save, save_file, save_model
+
+DTYPES = [
+    torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.bool, torch.uint8,
+    torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+    torch.complex64, torch.uint16, torch.float4_e2m1fn_x2,
+]
+BACKENDS = ["mmap", "pread"]
+
+
+@pytest.fixture(autouse=True)
+def _npu(request):
+    if request.node.originalname == "test_npu_in_a_child_process":
+        yield
+        return
+    if not npu_sim.may_install_here():
+        pytest.skip("ran in a child process: see test_npu_in_a_child_process")
+    npu_sim.install(2)
+    torch.npu.set_device(0)
+    npu_sim.reset_copy_stats()
+    yield
+
+
+def test_npu_in_a_child_process():
+    if npu_sim.may_install_here():
+        pytest.skip("this process runs the npu tests itself")
+    proc = npu_sim.run_pytest_child(__file__, "-rfEs")
+    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, f"npu tests failed in the child process:\n{output}"
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 14, output
+
+
+def raw(t: torch.Tensor) -> bytes:
+    t = t.detach().to("cpu").contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def npu_state(device: str = "npu:0") -> dict:
+    """Tensors of every dtype with random bit patterns, living on ``device``."""
+    out = {}
+    for i, dtype in enumerate(DTYPES):
+        g = torch.Generator().manual_seed(i)
+        data = torch.randint(0, 256, (5, 8 * dtype.itemsize), dtype=torch.uint8, generator=g)
+        if dtype == torch.bool:
+            data %= 2
+        out[str(dtype).removeprefix("torch.")] = data.view(dtype).to(device)
+    out["empty"] = torch.zeros(0, 3, device=device)
+    out["scalar"] = torch.tensor(7, dtype=torch.int64).to(device)
+    return out
+
+
+def assert_on(tensors: dict, expected: dict, index: int) -> None:
+    assert sorted(tensors) == sorted(expected)
+    for name, t in tensors.items():
+        assert t.device == torch.device("npu", index), name
+        if t.numel():
+            assert npu_sim.device_of(t) == index, name  # the bytes live in that device's memory
+        assert t.dtype == expected[name].dtype and t.shape == expected[name].shape, name
+        assert raw(t) == raw(expected[name]), name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("index", [0, 1])
+def test_saved_from_npu0_loaded_to_each_npu(tmp_path, backend, index):
+    state = npu_state("npu:0")
+    path = tmp_path / "npu.safetensors"
+    save_file(state, path)
+    assert path.read_bytes() == save({k: v.cpu() for k, v in state.items()})  # copied to CPU, then written
+    loaded = load_file(path, device=f"npu:{index}", backend=backend)
+    assert_on(loaded, state, index)
+    with safe_open(path, "pt", device=f"npu:{index}", backend=backend) as f:
+        assert_on({"float32": f.get_tensor("float32")}, {"float32": state["float32"]}, index)
+        assert_on(f.get_tensors(), state, index)
+        sl = f.get_slice("float32")[1:4, ::2]
+        assert sl.device == torch.device("npu", index) and npu_sim.device_of(sl) == index
+        assert torch.equal(sl.cpu(), state["float32"].cpu()[1:4, ::2])
+        assert torch.equal(f.get_slice("int64")[-1].cpu(), state["int64"].cpu()[-1])
+
+
+@pytest.mark.parametrize(
+    "device, index", [("npu", 0), ("npu:1", 1), ("torch.device('npu', 1)", 1), (1, 1), (0, 0)]
+)
+def test_device_forms(tmp_path, device, index):
+    if isinstance(device, str) and device.startswith("torch.device"):
+        device = torch.device("npu", 1)  # built here: "npu" parses only once the simulator is installed
+    save_file({"w": torch.arange(6.0)}, tmp_path / "w.safetensors")
+    t = load_file(tmp_path / "w.safetensors", device=device)["w"]
+    assert t.device == torch.device("npu", index) and torch.equal(t.cpu(), torch.arange(6.0))
+
+
+def test_bad_npu_index_is_a_clear_error(tmp_path):
+    save_file({"w": torch.zeros(1)}, tmp_path / "w.safetensors")
+    with pytest.raises(SafetensorError, match=r"device npu:5 is not available: torch reports 2 'npu' device\(s\)"):
+        load_file(tmp_path / "w.safetensors", device="npu:5")
+
+
+def test_load_model_to_npu(tmp_path):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+    src = Tied()
+    save_model(src, tmp_path / "m.safetensors")
+    dst = Tied().to("npu:1")
+    dst.b.weight = dst.a.weight  # Module.to() on a PrivateUse1 backend makes new Parameters: tie again
+    assert load_model(dst, tmp_path / "m.safetensors", device="npu:1") == (set(), [])
+    assert dst.a.weight.device == torch.device("npu", 1) and dst.b.weight is dst.a.weight
+    assert torch.equal(dst.a.weight.cpu(), src.a.weight) and torch.equal(dst.b.bias.cpu(), src.b.bias)
+
+
+def test_staging_is_pinned_bounded_and_overlapped(tmp_path):
+    """A file larger than the staging ring: every byte reaches the device through at most 2 x 64 MiB of
+    pinned host memory, with asynchronous copies, and device memory holds just the tensors."""
+    state = {"big": torch.randn(50 * 2**20 // 4), "small": torch.arange(100), "other": torch.randn(25 * 2**20 // 4)}
+    path = tmp_path / "big.safetensors"
+    save_file(state, path)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    before_device = npu_sim.bytes_allocated(1)
+    loaded = load_file(path, device="npu:1", backend="pread")
+    assert all(torch.equal(loaded[k].cpu(), v) for k, v in state.items())
+    stats = npu_sim.copy_stats()
+    assert stats["h2d"]["bytes"] == nbytes  # each byte crossed once
+    assert stats["h2d"]["count"] == stats["non_blocking"] >= 3  # asynchronous copies from pinned buffers
+    assert npu_sim.supports_pinned_memory() and 0 < npu_sim.pinned_bytes_allocated() <= 2 * 64 * 2**20
+    assert npu_sim.bytes_allocated(1) - before_device <= nbytes + 4096 * len(state)
+    # The ring is reused: a second load allocates no more pinned memory.
+    pinned = npu_sim.pinned_bytes_allocated()
+    load_file(path, device="npu:1")
+    assert npu_sim.pinned_bytes_allocated() == pinned
+    assert not npu_sim.fallback_ops()
+
+
+def test_default_device_context_is_ignored(tmp_path):
+    save_file({"w": torch.arange(3)}, tmp_path / "w.safetensors")
+    with torch.device("npu:1"):
+        assert load_file(tmp_path / "w.safetensors")["w"].device.type == "cpu"
+        assert load(save({"w": torch.arange(3, device="cpu")}))["w"].device.type == "cpu"
+
+
+def test_meta_and_save_of_mixed_devices(tmp_path):
+    state = {"on_npu": torch.arange(4.0).to("npu:1"), "on_cpu": torch.ones(2)}
+    save_file(state, tmp_path / "mixed.safetensors")
+    back = load_file(tmp_path / "mixed.safetensors")
+    assert torch.equal(back["on_npu"], torch.arange(4.0)) and torch.equal(back["on_cpu"], torch.ones(2))
+    meta = load_file(tmp_path / "mixed.safetensors", device="meta")
+    assert meta["on_npu"].device.type == "meta" and npu_sim.copy_stats()["h2d"]["count"] == 1
