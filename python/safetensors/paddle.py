@@ -1,0 +1,257 @@
+"""PaddlePaddle: save and load ``Dict[str, paddle.Tensor]`` on the CPU, a GPU, an XPU or a custom device.
+
+Bytes are read and sliced as numpy arrays and become paddle tensors through DLPack, without a copy (CPU
+tensors loaded with ``backend="mmap"`` are views of the file's copy-on-write mapping, as for numpy and
+torch); tensors for another device are then copied there. Saving writes each CPU tensor from its own memory.
+
+Devices: ``"cpu"``; ``"gpu"``/``"cuda"``/``"dcu"`` and ``"xpu"`` with an optional ``:N``; any custom device type
+paddle has a plugin for (``"npu:0"``, ``"mlu:1"``, ...); an int N (device N of the accelerator paddle is built
+for); or a paddle Place. A type paddle cannot reach here raises SafetensorError.
+
+``paddle.uint16`` is paddle's old spelling of bfloat16, so paddle has no real 16-bit unsigned dtype: U16
+tensors raise SafetensorError rather than load as bfloat16.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import paddle
+from paddle.utils.dlpack import from_dlpack
+
+from . import _safetensors_cpp as _cpp
+from ._core import DTYPES, PathLike, SafetensorError, _fspath, _metadata, _Reader, open_bytes, safe_open
+from ._devices import _split_index
+from .numpy import _CODES as _NUMPY_CODES
+from .numpy import _Numpy
+
+__all__ = ["save", "save_file", "load", "load_file"]
+
+#: Format code -> paddle dtype. Names are torch's (and paddle's) dtype names; U16 is left out (see above).
+_TYPES: Dict[str, Any] = {
+    row.code: getattr(paddle, row.torch_name)
+    for row in DTYPES.values()
+    if row.code != "U16" and row.torch_name and isinstance(getattr(paddle, row.torch_name, None), paddle.dtype)
+}
+_CODES: Dict[Any, str] = {dtype: code for code, dtype in _TYPES.items()}
+
+# DLPack has no bfloat16 or float8: those cross as integers of their width and are reinterpreted. bfloat16
+# goes as int16 because paddle turns a DLPack uint16 into its legacy uint16 type, which has no kernels.
+_CARRIERS = {"BF16": np.int16, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
+
+
+def _getdtype(dtype_str: str) -> Any:
+    return _TYPES[dtype_str]
+
+
+def _check(code: str) -> None:
+    if code not in _TYPES:
+        detail = " (paddle.uint16 is an alias of bfloat16)" if code == "U16" else ""
+        raise SafetensorError(f"dtype {code} has no paddle equivalent{detail}")
+
+
+def _from_numpy(array: np.ndarray) -> paddle.Tensor:
+    """The paddle CPU tensor over ``array``'s memory (DLPack keeps ``array`` alive)."""
+    code = _NUMPY_CODES[array.dtype]
+    target = _TYPES[code]
+    carrier = _CARRIERS.get(code)
+    tensor = from_dlpack(array.view(carrier) if carrier is not None else array)
+    if tensor.dtype != target:
+        tensor = tensor.view(target)
+    return tensor
+
+
+# -- devices -----------------------------------------------------------------------------------------------
+
+_PLACE_TYPES = tuple(
+    getattr(paddle.base.core, name)
+    for name in ("Place", "CPUPlace", "CUDAPlace", "CUDAPinnedPlace", "XPUPlace", "CustomPlace", "IPUPlace")
+    if hasattr(paddle.base.core, name)
+)
+# Device types the reference accepts that paddle reaches only through a custom device plugin, or not at all.
+_PLUGIN_TYPES = ("npu", "mlu", "musa", "hpu")
+_FOREIGN_TYPES = ("mps", "xla")
+
+
+def _custom_types() -> List[str]:
+    return list(paddle.device.get_all_custom_device_type() or [])
+
+
+def _count(kind: str) -> int:
+    if kind == "gpu":
+        return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+    if kind == "xpu":
+        return paddle.device.xpu.device_count() if paddle.is_compiled_with_xpu() else 0
+    return sum(1 for d in (paddle.device.get_available_custom_device() or []) if d.split(":")[0] == kind)
+
+
+def _current_index(kind: str) -> int:
+    """The index of paddle's current device when it is of type ``kind``, else 0."""
+    current = paddle.device.get_device()
+    current_kind, _, index = current.partition(":")
+    return int(index) if current_kind == kind and index.isdigit() else 0
+
+
+def _place(kind: str, index: int) -> Any:
+    if kind == "gpu":
+        return paddle.CUDAPlace(index)
+    if kind == "xpu":
+        return paddle.XPUPlace(index)
+    return paddle.CustomPlace(kind, index)
+
+
+def _resolve(device: Any) -> Any:
+    """The paddle Place for ``device``. Errors: SafetensorError for an unknown or unreachable device,
+    ValueError for a malformed index."""
+    if isinstance(device, _PLACE_TYPES):
+        return device
+    if isinstance(device, bool):
+        raise SafetensorError(f"device {device} is invalid")
+    if isinstance(device, int):
+        if device < 0:
+            raise SafetensorError(f"device {device} is invalid")
+        kinds = [k for k in ("gpu", "xpu") if _count(k)] + [k for k in _custom_types() if _count(k)]
+        if not kinds:
+            raise SafetensorError(
+                f"device {device} is invalid: an integer names a device of the current accelerator, "
+                "and paddle reports no accelerator on this machine"
+            )
+        kind, index = kinds[0], device
+    elif isinstance(device, str):
+        kind, index = _split_index(device)
+        if kind == "cpu":
+            if index is not None:
+                raise SafetensorError(f"device {device} is invalid")
+            return paddle.CPUPlace()
+        if kind in ("cuda", "dcu"):
+            kind = "gpu"
+        if kind not in ("gpu", "xpu") and kind not in _custom_types():
+            if kind in _PLUGIN_TYPES:
+                raise SafetensorError(
+                    f"device {device} is not available: paddle has no '{kind}' device here "
+                    f"(install and load the PaddleCustomDevice plugin for {kind})"
+                )
+            if kind in _FOREIGN_TYPES:
+                raise SafetensorError(f"Device {device} is not supported for framework paddle")
+            raise SafetensorError(f"device {device} is invalid")
+        if index is None:
+            index = _current_index(kind)
+    else:
+        raise SafetensorError(f"device {device} is invalid")
+    count = _count(kind)
+    if index >= count:
+        raise SafetensorError(
+            f"device {device} is not available: paddle reports {count} '{kind}' device(s)"
+            + ("" if count or kind not in ("gpu", "xpu") else f" (this paddle is not built with {kind} support)")
+        )
+    return _place(kind, index)
+
+
+def _is_cpu(place: Any) -> bool:
+    return isinstance(place, paddle.CPUPlace) or (hasattr(place, "is_cpu_place") and place.is_cpu_place())
+
+
+# -- the framework adapter ----------------------------------------------------------------------------------
+
+class _Paddle(_Numpy):
+    """Reads as numpy (the shared strategies), then wraps each array as a paddle tensor once it is complete."""
+
+    name = "paddle"
+
+    def resolve_device(self, device: Any) -> Any:
+        return _resolve(device)
+
+    def is_cpu(self, device: Any) -> bool:
+        return _is_cpu(device)
+
+    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
+        _check(code)
+        return super().view(buffer, code, shape)
+
+    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
+        _check(code)
+        return super().empty(code, shape)
+
+    def to_device(self, tensor: np.ndarray, device: Any) -> paddle.Tensor:
+        out = _from_numpy(tensor)
+        return out if _is_cpu(device) else out.to(device=device)
+
+
+_ADAPTER = _Paddle()
+
+
+# -- saving ------------------------------------------------------------------------------------------------
+
+def _non_contiguous_message(name: str) -> str:
+    return (
+        f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you are "
+        "trying to save tensors which are reference of each other in which case it's recommended to save only the "
+        "full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to pack it before "
+        "saving."
+    )
+
+
+def _flatten(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List[paddle.Tensor]]:
+    """Checks tensors for saving (in the reference's order) and describes each by address; the second list
+    keeps CPU copies of device tensors alive until the write is done."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, paddle.Tensor] but received {type(tensors)}")
+    for name, value in tensors.items():
+        if not isinstance(value, paddle.Tensor):
+            raise ValueError(f"Key `{name}` is invalid, expected paddle.Tensor but received {type(value)}")
+    if sys.byteorder == "big":  # pragma: no cover
+        raise SafetensorError("big-endian hosts are not supported")
+    specs = []
+    keep_alive = []
+    for name, value in tensors.items():
+        if not value.is_contiguous():
+            raise ValueError(_non_contiguous_message(name))
+        code = _CODES.get(value.dtype)
+        if code is None:
+            raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
+        if not value.place.is_cpu_place():
+            value = value.cpu()
+        keep_alive.append(value)
+        shape = [int(d) for d in value.shape]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[code].bits // 8
+        specs.append((name, code, shape, value.data_ptr() if nbytes else 0, nbytes))
+    return specs, keep_alive
+
+
+def save(tensors: Dict[str, paddle.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors``."""
+    specs, keep_alive = _flatten(tensors)
+    out = _cpp.serialize(specs, _metadata(metadata))
+    del keep_alive
+    return out
+
+
+def save_file(
+    tensors: Dict[str, paddle.Tensor],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    fsync: bool = False,
+) -> None:
+    """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
+    specs, keep_alive = _flatten(tensors)
+    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
+    del keep_alive
+
+
+# -- loading -----------------------------------------------------------------------------------------------
+
+def load(data: bytes, device: Union[str, int, Any] = "cpu") -> Dict[str, paddle.Tensor]:
+    """Every tensor of the file in ``data``, on ``device``; CPU tensors own their memory."""
+    file = open_bytes(data)
+    return _ADAPTER.load_all(_Reader(file, _ADAPTER, _resolve(device), zero_copy=False), file.infos())
+
+
+def load_file(
+    filename: PathLike, device: Union[str, int, Any] = "cpu", *, backend: str = "mmap"
+) -> Dict[str, paddle.Tensor]:
+    """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
+    with safe_open(filename, framework="paddle", device=device, backend=backend) as f:
+        return f.get_tensors()

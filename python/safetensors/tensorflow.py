@@ -1,0 +1,100 @@
+"""TensorFlow: save and load ``Dict[str, tf.Tensor]``.
+
+Bytes are read and sliced as numpy arrays (bfloat16, float8 and float4 through ``ml_dtypes``, which is what
+TensorFlow's own dtypes are) and handed to ``tf.convert_to_tensor``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from . import _safetensors_cpp as _cpp
+from ._core import PathLike, SafetensorError, _fspath, _metadata, open_bytes, safe_open
+from .numpy import _Numpy, _flatten
+
+__all__ = ["save", "save_file", "load", "load_file"]
+
+#: Format codes TensorFlow has a dtype for (no float8_e8m0fnu, no float6).
+_CODES = frozenset(
+    ["BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32", "F64", "C64",
+     "F4", "F8_E5M2", "F8_E4M3", "F8_E4M3FNUZ", "F8_E5M2FNUZ"]
+)
+
+
+def _check(code: str) -> None:
+    if code not in _CODES:
+        raise SafetensorError(f"dtype {code} has no tensorflow equivalent")
+
+
+class _TensorFlow(_Numpy):
+    """Reads as numpy (the shared strategies), then hands each array to TensorFlow once it is complete."""
+
+    name = "tensorflow"
+
+    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
+        _check(code)
+        return super().view(buffer, code, shape)
+
+    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
+        _check(code)
+        return super().empty(code, shape)
+
+    def to_device(self, tensor: np.ndarray, device: Any) -> tf.Tensor:
+        return tf.convert_to_tensor(tensor)
+
+
+_ADAPTER = _TensorFlow()
+
+
+def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
+    """A new dict of host arrays; the caller's dict is left as it is."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, tf.Tensor] but received {type(tensors)}")
+    out = {}
+    for name, value in tensors.items():
+        if isinstance(value, np.ndarray):
+            out[name] = value
+        elif isinstance(value, (tf.Tensor, tf.Variable)):
+            if not hasattr(value, "numpy"):
+                raise ValueError(
+                    f"Key `{name}` is a symbolic tensor, which has no value to save (save outside tf.function)"
+                )
+            out[name] = np.asarray(value.numpy())  # a 0-d tensor gives a numpy scalar
+        else:
+            raise ValueError(f"Key `{name}` is invalid, expected tf.Tensor but received {type(value)}")
+    return out
+
+
+def save(tensors: Dict[str, tf.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors``."""
+    specs, keep_alive = _flatten(_to_numpy(tensors))
+    out = _cpp.serialize(specs, _metadata(metadata))
+    del keep_alive
+    return out
+
+
+def save_file(
+    tensors: Dict[str, tf.Tensor],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    fsync: bool = False,
+) -> None:
+    """Writes ``tensors`` to ``filename`` atomically."""
+    specs, keep_alive = _flatten(_to_numpy(tensors))
+    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
+    del keep_alive
+
+
+def load(data: bytes) -> Dict[str, tf.Tensor]:
+    """Every tensor of the file in ``data``."""
+    return _ADAPTER.load_copies(open_bytes(data))
+
+
+def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, tf.Tensor]:
+    """Every tensor of ``filename``."""
+    with safe_open(filename, framework="tf", backend=backend) as f:
+        return f.get_tensors()
