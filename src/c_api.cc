@@ -187,7 +187,7 @@ const std::uint64_t* shape_data(const safetensors::TensorInfo* t) {
   return t->shape.empty() ? kNoDims : t->shape.data();
 }
 
-std::optional<safetensors::Backend> to_backend(safetensors_backend_t b) {
+std::optional<safetensors::Backend> to_backend(int b) {
   switch (b) {
     case SAFETENSORS_BACKEND_MMAP: return safetensors::Backend::kMmap;
     case SAFETENSORS_BACKEND_PREAD: return safetensors::Backend::kPread;
@@ -294,14 +294,14 @@ const char* safetensors_version(void) { return SAFETENSORS_VERSION_STRING; }
 // -------------------------------------------------------------------------------------------------------
 // Dtypes
 
-const char* safetensors_dtype_code(safetensors_dtype_t dtype) {
+const char* safetensors_dtype_code(int dtype) {
   const auto i = static_cast<std::size_t>(dtype);
-  return i < safetensors::kDtypeTable.size() ? safetensors::kDtypeTable[i].code.data() : nullptr;
+  return dtype >= 0 && i < safetensors::kDtypeTable.size() ? safetensors::kDtypeTable[i].code.data() : nullptr;
 }
 
-uint32_t safetensors_dtype_bits(safetensors_dtype_t dtype) {
+uint32_t safetensors_dtype_bits(int dtype) {
   const auto i = static_cast<std::size_t>(dtype);
-  return i < safetensors::kDtypeTable.size() ? safetensors::kDtypeTable[i].bits : 0;
+  return dtype >= 0 && i < safetensors::kDtypeTable.size() ? safetensors::kDtypeTable[i].bits : 0;
 }
 
 safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len, safetensors_dtype_t* dtype,
@@ -318,13 +318,13 @@ safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len, saf
 // -------------------------------------------------------------------------------------------------------
 // Files
 
-safetensors_code_t safetensors_open(const char* path, safetensors_backend_t backend, safetensors_file_t** file,
+safetensors_code_t safetensors_open(const char* path, int backend, safetensors_file_t** file,
                                     safetensors_error_t** error) {
   *file = nullptr;
   return guarded(error, [&] {
     const auto b = to_backend(backend);
     if (!b) {
-      return fail(error, Error::invalid_argument(path, "unknown backend " + std::to_string(static_cast<int>(backend))));
+      return fail(error, Error::invalid_argument(path, "unknown backend " + std::to_string(backend)));
     }
     auto opened = safetensors::File::open(path, {.backend = *b});
     if (!opened.ok()) return fail(error, opened.error());
@@ -577,14 +577,14 @@ safetensors_code_t safetensors_save_sharded(const char* directory, const char* p
 // -------------------------------------------------------------------------------------------------------
 // Sharded checkpoints
 
-safetensors_code_t safetensors_sharded_open_index(const char* index_path, safetensors_backend_t backend,
+safetensors_code_t safetensors_sharded_open_index(const char* index_path, int backend,
                                                   safetensors_sharded_t** sharded, safetensors_error_t** error) {
   *sharded = nullptr;
   return guarded(error, [&] {
     const auto b = to_backend(backend);
     if (!b) {
       return fail(error,
-                  Error::invalid_argument(index_path, "unknown backend " + std::to_string(static_cast<int>(backend))));
+                  Error::invalid_argument(index_path, "unknown backend " + std::to_string(backend)));
     }
     auto opened = safetensors::ShardedFile::open_index(index_path, {.backend = *b});
     if (!opened.ok()) return fail(error, opened.error());
@@ -595,14 +595,14 @@ safetensors_code_t safetensors_sharded_open_index(const char* index_path, safete
 }
 
 safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count,
-                                                  safetensors_backend_t backend, safetensors_sharded_t** sharded,
+                                                  int backend, safetensors_sharded_t** sharded,
                                                   safetensors_error_t** error) {
   *sharded = nullptr;
   return guarded(error, [&] {
     const auto b = to_backend(backend);
     if (!b) {
       return fail(error,
-                  Error::invalid_argument("<shards>", "unknown backend " + std::to_string(static_cast<int>(backend))));
+                  Error::invalid_argument("<shards>", "unknown backend " + std::to_string(backend)));
     }
     if (paths == nullptr && count != 0) return fail(error, Error::invalid_argument("<shards>", "paths is NULL"));
     std::vector<std::string> list;

@@ -33,7 +33,11 @@
    (5) Non-null rules. Pointer parameters must not be NULL, except: `error` and `len` out-parameters; a data
        pointer whose length is 0; and parameters whose comment says "may be NULL".
 
-   (6) Thread safety. File, sharded-file, view and slice-plan handles are immutable after creation and
+   (6) Enums. Parameters that take an enum value (a dtype, a backend) are declared `int`, and struct fields
+       that hold one are int32_t, so that a value this library does not know is refused with
+       SAFETENSORS_INVALID_ARGUMENT (or a NULL/0 result) instead of being undefined behaviour in C++.
+
+   (7) Thread safety. File, sharded-file, view and slice-plan handles are immutable after creation and
        safe for concurrent use by multiple threads; freeing a handle requires that no other thread is using
        it. Error objects are plain values. Tensors are addressed by position (0 <= i < count, in file order);
        a position out of range makes accessors return NULL/0 and fallible functions return
@@ -127,9 +131,9 @@ typedef enum safetensors_dtype_t {
 } safetensors_dtype_t;
 
 /* The header code ("F32"), or NULL for a value outside the enum. */
-SAFETENSORS_EXPORT const char* safetensors_dtype_code(safetensors_dtype_t dtype);
+SAFETENSORS_EXPORT const char* safetensors_dtype_code(int dtype);
 /* Bits per element (4 for F4, 6 for F6_*), or 0 for a value outside the enum. */
-SAFETENSORS_EXPORT uint32_t safetensors_dtype_bits(safetensors_dtype_t dtype);
+SAFETENSORS_EXPORT uint32_t safetensors_dtype_bits(int dtype);
 /* The dtype whose header code is exactly [code, code + len). Errors: SAFETENSORS_INVALID_ARGUMENT. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len,
                                                                   safetensors_dtype_t* dtype,
@@ -152,7 +156,7 @@ typedef struct safetensors_file_t safetensors_file_t;
 /* Opens and fully validates the file at `path` (backend MMAP or PREAD). On success *file is a new handle.
    Errors: SAFETENSORS_NOT_FOUND, SAFETENSORS_IO, every header code (HEADER_TOO_SMALL .. 
    METADATA_INCOMPLETE_BUFFER), SAFETENSORS_INVALID_ARGUMENT (backend MEMORY or out of range). */
-SAFETENSORS_EXPORT safetensors_code_t safetensors_open(const char* path, safetensors_backend_t backend,
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open(const char* path, int backend,
                                                        safetensors_file_t** file, safetensors_error_t** error);
 /* Opens the bytes [data, data + size) as a file, without copying them. REQUIRES: the bytes stay alive and
    unchanged until the handle and every view made from it are freed. Errors: the header codes. */
@@ -333,14 +337,13 @@ typedef struct safetensors_sharded_t safetensors_sharded_t;
    tensors the index assigns to each shard are visible. Errors: SAFETENSORS_NOT_FOUND (the index or a shard),
    SAFETENSORS_INVALID_ARGUMENT (a malformed index), SAFETENSORS_TENSOR_NOT_FOUND (a shard lacks a tensor the
    index assigns to it), SAFETENSORS_IO, and the header codes for a shard that fails validation. */
-SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_index(const char* index_path,
-                                                                     safetensors_backend_t backend,
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_index(const char* index_path, int backend,
                                                                      safetensors_sharded_t** sharded,
                                                                      safetensors_error_t** error);
 /* Opens `paths[0 .. count)`; every tensor of every file is visible. Errors: those of safetensors_open, and
    SAFETENSORS_INVALID_ARGUMENT when two files hold a tensor of the same name. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count,
-                                                                     safetensors_backend_t backend,
+                                                                     int backend,
                                                                      safetensors_sharded_t** sharded,
                                                                      safetensors_error_t** error);
 SAFETENSORS_EXPORT void safetensors_sharded_free(safetensors_sharded_t* sharded);

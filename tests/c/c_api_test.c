@@ -317,7 +317,7 @@ static void test_errors(void) {
   CHECK(access(path_in("w.safetensors"), F_OK) != 0);
   CHECK_CODE(safetensors_open(path_in("golden.safetensors"), SAFETENSORS_BACKEND_MEMORY, &f, NULL),
              SAFETENSORS_INVALID_ARGUMENT);
-  CHECK_CODE(safetensors_open(path_in("golden.safetensors"), (safetensors_backend_t)9, &f, NULL),
+  CHECK_CODE(safetensors_open(path_in("golden.safetensors"), 9, &f, NULL),
              SAFETENSORS_INVALID_ARGUMENT);
 
   /* Empty metadata is written as {} and reads back as present-but-empty. */
@@ -334,9 +334,9 @@ static void test_errors(void) {
 static void test_dtypes_and_names(void) {
   CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_BF16), "BF16") == 0);
   CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_F8_E4M3FNUZ), "F8_E4M3FNUZ") == 0);
-  CHECK(safetensors_dtype_code((safetensors_dtype_t)22) == NULL);
+  CHECK(safetensors_dtype_code(22) == NULL);
   CHECK(safetensors_dtype_bits(SAFETENSORS_F4) == 4 && safetensors_dtype_bits(SAFETENSORS_C64) == 64);
-  CHECK(safetensors_dtype_bits((safetensors_dtype_t)-1) == 0);
+  CHECK(safetensors_dtype_bits(-1) == 0);
   safetensors_dtype_t d = SAFETENSORS_BOOL;
   CHECK_OK(safetensors_dtype_from_code("F6_E3M2", 7, &d, &err_));
   CHECK(d == SAFETENSORS_F6_E3M2);
