@@ -252,8 +252,13 @@ inline Status save(const std::string& path, const TensorMap& tensors, const std:
   std::vector<torch::Tensor> copies;
   data.reserve(tensors.size());
   copies.reserve(tensors.size());
-  for (const auto& [name, original] : tensors) {
-    auto bad = [&](const std::string& why) { return Error::invalid_argument(path, "tensor " + detail::quoted(name) + " " + why); };
+  for (const auto& entry : tensors) {
+    // Named references, not structured bindings: clang 14 cannot capture those in the lambda.
+    const std::string& name = entry.first;
+    const torch::Tensor& original = entry.second;
+    auto bad = [&](const std::string& why) {
+      return Error::invalid_argument(path, "tensor " + detail::quoted(name) + " " + why);
+    };
     if (!original.defined()) return bad("is undefined");
     if (original.layout() != torch::kStrided) return bad("is not a strided (dense) tensor");
     if (!original.is_contiguous()) return bad("is not contiguous; call .contiguous() before saving");

@@ -15,7 +15,8 @@
 //   std::vector<std::byte> buf((*info)->nbytes());
 //   auto st = ckpt->read_into(**info, buf);
 //
-// Thread safety: save_sharded() and plan_shards() are free functions over caller data. See each class.
+// Thread safety: ShardedFile is safe for concurrent use (see the class). plan_shards() and save_sharded() only
+// read the caller's data; concurrent saves into one directory with one prefix need external synchronization.
 #ifndef SAFETENSORS_SHARDED_H_
 #define SAFETENSORS_SHARDED_H_
 
@@ -97,8 +98,8 @@ class SAFETENSORS_EXPORT ShardedFile {
   Result<const TensorInfo*> info(std::string_view name) const;
 
   // Which shard holds `tensor`: an index into shards(), and that File.
-  // REQUIRES: `tensor` is an element of tensors() (else returns shards().size() / the first shard; asserted
-  // in debug builds).
+  // REQUIRES: `tensor` is an element of tensors() (asserted in debug builds; in release builds shard_of()
+  // then returns shards().size() and file_of() the first shard, or undefined behaviour when there is none).
   std::size_t shard_of(const TensorInfo& tensor) const;
   const File& file_of(const TensorInfo& tensor) const;
 
