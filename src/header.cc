@@ -49,6 +49,69 @@ bool get_u64(element e, std::uint64_t* out) {
   return e.get_uint64().get(*out) == simdjson::SUCCESS;
 }
 
+// The reference's JSON reader (serde_json) refuses more than 127 nested arrays and objects; simdjson allows
+// 1024. Only values the schema ignores can nest that deep without failing a type check, so they are measured.
+// A tensor entry is the second level, leaving this many for a value inside it.
+constexpr int kMaxIgnoredNesting = 127 - 2;
+
+// True when `value` holds more than `levels` levels of nested arrays and objects. The recursion is bounded by
+// simdjson's own depth limit.
+bool nested_deeper_than(element value, int levels) {
+  if (value.type() == element_type::ARRAY) {
+    if (levels == 0) return true;
+    for (element child : simdjson::dom::array(value)) {
+      if (nested_deeper_than(child, levels - 1)) return true;
+    }
+  } else if (value.type() == element_type::OBJECT) {
+    if (levels == 0) return true;
+    for (auto kv : simdjson::dom::object(value)) {
+      if (nested_deeper_than(kv.value, levels - 1)) return true;
+    }
+  }
+  return false;
+}
+
+// serde_json reads the integer literal -0 as the float -0.0, so the reference refuses it wherever an integer
+// is required and ignores it elsewhere; simdjson reads it as the integer 0. Returns `json` with every -0
+// literal outside strings spelled -0.0, which gives the reference's decision everywhere, followed by
+// kJsonPadding zero bytes; or nullptr when there is none (the common case: one search, or one scan when a
+// name contains "-0").
+std::unique_ptr<char[]> respell_negative_zero(std::string_view json, std::size_t* size) {
+  if (json.find("-0") == std::string_view::npos) return nullptr;
+  std::vector<std::size_t> zeros;  // positions of the '0' of each -0 literal
+  bool in_string = false;
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '-' && i + 1 < json.size() && json[i + 1] == '0') {
+      const char next = i + 2 < json.size() ? json[i + 2] : ' ';
+      if (!(next >= '0' && next <= '9') && next != '.' && next != 'e' && next != 'E') zeros.push_back(i + 1);
+    }
+  }
+  if (zeros.empty()) return nullptr;
+  *size = json.size() + 2 * zeros.size();
+  auto buf = std::make_unique<char[]>(*size + kJsonPadding);
+  char* out = buf.get();
+  std::size_t from = 0;
+  for (std::size_t z : zeros) {
+    std::memcpy(out, json.data() + from, z + 1 - from);
+    out += z + 1 - from;
+    *out++ = '.';
+    *out++ = '0';
+    from = z + 1;
+  }
+  std::memcpy(out, json.data() + from, json.size() - from);
+  std::memset(buf.get() + *size, 0, kJsonPadding);
+  return buf;
+}
+
 class Parser {
  public:
   Parser(std::string_view context) : context_(context) {}
@@ -93,7 +156,12 @@ class Parser {
       } else if (kv.key == "data_offsets") {
         seen = &have_offsets;
       } else {
-        continue;  // Unknown fields inside an entry are ignored.
+        // Unknown fields inside an entry are ignored, within the reference's nesting limit.
+        if (nested_deeper_than(kv.value, kMaxIgnoredNesting)) {
+          return json_error("field " + quote(kv.key) + " of tensor " + quote(name) +
+                            " is nested too deep: more than 127 levels of arrays and objects");
+        }
+        continue;
       }
       if (*seen) return json_error("duplicate field " + quote(kv.key) + " for tensor " + quote(name));
       *seen = true;
@@ -192,6 +260,10 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   // Step 5.
   Parser p(context);
   if (json.empty()) return p.json_error("the header is empty");
+  const std::size_t header_length = json.size();
+  std::size_t respelled_size = 0;
+  const auto respelled = respell_negative_zero(json, &respelled_size);
+  if (respelled) json = std::string_view(respelled.get(), respelled_size);
   simdjson::dom::parser dom;
   element root;
   if (auto err = dom.parse(json.data(), json.size(), /*realloc_if_needed=*/false).get(root)) {
@@ -244,7 +316,7 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   if (dup != out.tensors.size()) return p.json_error("duplicate tensor name " + quote(out.tensors[dup].name));
 
   SAFETENSORS_RETURN_IF_ERROR(validate_layout(out.tensors, data_length, context));
-  out.header_length = json.size();
+  out.header_length = header_length;
   return out;
 }
 
