@@ -1,0 +1,200 @@
+"""Crash safety and concurrency of saves and reads.
+
+- A save killed with SIGKILL at any point leaves the file it replaces intact, byte for byte (or, once the
+  rename has happened, the complete new file): 120 trials spread over the whole duration of a save.
+- Saving over the file the caller's tensors are memory-mapped from leaves those tensors (and open handles)
+  with the old data and the file with the new.
+- A file truncated after it was opened gives an error on the pread backend, not a crash.
+- Eight threads calling get_tensor on one safe_open handle all get the right tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from safetensors import SafetensorError, safe_open  # noqa: E402
+from safetensors.torch import load_file, save, save_file  # noqa: E402
+
+TRIALS = 120
+
+# A fresh interpreter (single-threaded torch, so forking is safe) saves tensors B over a file holding the
+# bytes of tensors A, in a forked child that is SIGKILLed after a delay; the delays sweep 0 .. 1.5x the time
+# a save takes. After each kill it reports what the file holds and whether the save's temporary file was
+# left behind (proof that the kill landed inside the save), then restores A.
+_KILLER = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import torch
+    torch.set_num_threads(1)
+    from safetensors.torch import save, save_file
+
+    directory, trials = sys.argv[1], int(sys.argv[2])
+    path = os.path.join(directory, "model.safetensors")
+    def tensors(seed):
+        g = torch.Generator().manual_seed(seed)
+        return {f"layer.{i}.weight": torch.randint(-2**31, 2**31 - 1, (512, 1024), dtype=torch.int32, generator=g)
+                for i in range(8)}
+    a, b = tensors(1), tensors(2)
+    old, new = save(a), save(b)
+
+    def timed_save():
+        t0 = time.perf_counter()
+        save_file(b, path)
+        return time.perf_counter() - t0
+    duration = sorted(timed_save() for _ in range(5))[2]
+
+    report = {"save_seconds": duration, "bytes": len(old), "trials": []}
+    for i in range(trials):
+        with open(path, "wb") as f:
+            f.write(old)
+        delay = 1.5 * duration * i / (trials - 1)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                save_file(b, path)
+            finally:
+                os._exit(0)
+        deadline = time.perf_counter() + delay
+        while time.perf_counter() < deadline:
+            pass
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        with open(path, "rb") as f:
+            got = f.read()
+        leftovers = [n for n in os.listdir(directory) if n != "model.safetensors"]
+        for n in leftovers:
+            os.unlink(os.path.join(directory, n))
+        outcome = "old" if got == old else "new" if got == new else "corrupt"
+        report["trials"].append({"delay": delay, "outcome": outcome, "leftovers": leftovers})
+    print(json.dumps(report))
+    """
+)
+
+
+def test_sigkill_during_save_leaves_the_previous_file_intact(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLER, str(tmp_path), str(TRIALS)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    trials = report["trials"]
+    assert len(trials) == TRIALS
+    corrupt = [t for t in trials if t["outcome"] == "corrupt"]
+    assert not corrupt, f"{len(corrupt)} saves killed at {[t['delay'] for t in corrupt]} s left a damaged file"
+    outcomes = {k: sum(t["outcome"] == k for t in trials) for k in ("old", "new")}
+    interrupted = sum(bool(t["leftovers"]) for t in trials)
+    # The sweep covers kills before, during and after the save: both files were seen, and some kills left
+    # the save's temporary file behind (it was killed between creating it and renaming it).
+    assert outcomes["old"] > 0 and outcomes["new"] > 0, outcomes
+    assert interrupted > 0, report["save_seconds"]
+    for t in trials:
+        assert all(n.startswith(".model.safetensors.") and n.endswith(".tmp") for n in t["leftovers"]), t
+
+
+def tensors(seed: int) -> Dict[str, "torch.Tensor"]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed": torch.randn(64, 32, generator=g),
+        "ids": torch.arange(100, dtype=torch.int64) * seed,
+        "half": torch.randn(16, 16, generator=g).to(torch.bfloat16),
+        "flags": torch.rand(33, generator=g) > 0.5,
+    }
+
+
+def assert_same(got: Dict[str, "torch.Tensor"], want: Dict[str, "torch.Tensor"]) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+def test_saving_over_the_file_the_tensors_are_mapped_from(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    first, second = tensors(1), tensors(2)
+    save_file(first, path)
+    mapped = load_file(path)  # views of a private mapping of the file
+    with safe_open(path, "pt") as mmap_handle, safe_open(path, "pt", backend="pread") as pread_handle:
+        save_file(second, path)
+        # The tensors and the open handles still see the file they were opened on; the path has the new one.
+        assert_same(mapped, first)
+        assert_same({k: mmap_handle.get_tensor(k) for k in first}, first)
+        assert_same({k: pread_handle.get_tensor(k) for k in first}, first)
+        assert_same(load_file(path), second)
+        assert_same(load_file(path, backend="pread"), second)
+
+    # Saving the mapped tensors themselves over the file they come from.
+    mapped = load_file(path)
+    save_file(mapped, path)
+    assert_same(mapped, second)
+    assert path.read_bytes() == save(second)
+    # Writes to the copy-on-write views never reach the file.
+    mapped["embed"].add_(1)
+    assert_same(load_file(path), second)
+
+
+def test_file_truncated_after_open_gives_an_error_on_pread(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    big = {"a": torch.arange(1000, dtype=torch.float32), "b": torch.arange(1000, dtype=torch.int64)}
+    save_file(big, path)
+    with safe_open(path, "pt", backend="pread") as f:
+        [first, second] = f.offset_keys()
+        size = path.stat().st_size
+        os.truncate(path, size - 4000)  # cuts off the second tensor (the last 4000 bytes)
+        assert torch.equal(f.get_tensor(first), big[first])
+        with pytest.raises(OSError, match="file is shorter than expected") as e:
+            f.get_tensor(second)
+        assert str(path) in str(e.value)
+        with pytest.raises(OSError, match="file is shorter than expected"):
+            f.get_slice(second)[-10:]
+        with pytest.raises(OSError, match="file is shorter than expected"):
+            f.get_tensors()
+        os.truncate(path, 0)
+        with pytest.raises(OSError, match="file is shorter than expected"):
+            f.get_tensor(first)
+    # Opening the truncated file is an ordinary format error.
+    with pytest.raises(SafetensorError, match="header too small"):
+        safe_open(path, "pt", backend="pread")
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_eight_threads_share_one_handle(tmp_path: Path, backend: str) -> None:
+    path = tmp_path / "model.safetensors"
+    want = {f"t{i}": torch.randn(50 + i, 17, generator=torch.Generator().manual_seed(i)) for i in range(24)}
+    want["big"] = torch.arange(1 << 20, dtype=torch.int32)
+    save_file(want, path)
+    errors = []
+    start = threading.Barrier(8)
+    with safe_open(path, "pt", backend=backend) as f:
+
+        def worker(index: int) -> None:
+            try:
+                start.wait()
+                names = sorted(want)
+                for round_ in range(10):
+                    for name in names[index % len(names):] + names[: index % len(names)]:
+                        got = f.get_tensor(name)
+                        if not torch.equal(got, want[name]):
+                            errors.append((index, round_, name))
+                    sl = f.get_slice("big")[index * 1000:(index + 1) * 1000]
+                    if not torch.equal(sl, want["big"][index * 1000:(index + 1) * 1000]):
+                        errors.append((index, round_, "slice"))
+            except Exception as e:  # noqa: BLE001 -- reported below
+                errors.append((index, repr(e)))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:10]
