@@ -1,5 +1,7 @@
 #include "safetensors/file.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -246,6 +248,20 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
     total += r.dst.size();
   }
   return read_pieces(*state_->source, pieces, total, threads);
+}
+
+void advise_fresh_destination(std::span<std::byte> dst) {
+#ifdef MADV_HUGEPAGE
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  if (dst.size() < 2 * kHuge) return;
+  const auto first = reinterpret_cast<std::uintptr_t>(dst.data());
+  const std::uintptr_t begin = (first + kHuge - 1) & ~(kHuge - 1);
+  const std::uintptr_t end = (first + dst.size()) & ~(kHuge - 1);
+  // Advice only: a kernel without THP refuses it, and the read works the same.
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)dst;
+#endif
 }
 
 Status File::read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned threads) const {

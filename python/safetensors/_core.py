@@ -132,7 +132,7 @@ class Framework:
         else:
             tensor, ptr = self.empty(code, shape)
             if end > begin:
-                reader.file.read_into(name, ptr, end - begin)
+                reader.file.read_into(name, ptr, end - begin, fresh=True)
             tensor = self.finish(tensor, code, shape)
         return self.to_device(tensor, reader.device)
 
@@ -148,7 +148,7 @@ class Framework:
             if end > begin:
                 requests.append((name, ptr, end - begin))
         if requests:
-            reader.file.read_many(requests)
+            reader.file.read_many(requests, fresh=True)
         return {
             name: self.to_device(self.finish(out[name], code, shape), reader.device)
             for name, (code, shape, _, _) in infos

@@ -333,22 +333,27 @@ NB_MODULE(_safetensors_cpp, m) {
           "The data buffer (everything after the header) as a Buffer, or None on the pread backend.")
       .def(
           "read_into",
-          [](const File& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes) {
+          [](const File& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes, bool fresh) {
+            if (fresh) advise_fresh_destination(dest(ptr, nbytes));
             check(f.read_into(name, dest(ptr, nbytes)));
           },
-          "name"_a, "ptr"_a, "nbytes"_a, nb::call_guard<nb::gil_scoped_release>(),
-          "Reads a tensor's bytes to the address ptr (nbytes must equal its size). Releases the GIL.")
+          "name"_a, "ptr"_a, "nbytes"_a, "fresh"_a = false, nb::call_guard<nb::gil_scoped_release>(),
+          "Reads a tensor's bytes to the address ptr (nbytes must equal its size). fresh=True: the destination "
+          "is a new allocation the caller owns, filled faster with huge pages. Releases the GIL.")
       .def(
           "read_many",
           [](const File& f, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& items,
-             unsigned threads) {
+             unsigned threads, bool fresh) {
             std::vector<ReadRequest> reqs;
             reqs.reserve(items.size());
-            for (const auto& [name, ptr, nbytes] : items) reqs.push_back({check(f.info(name)), dest(ptr, nbytes)});
+            for (const auto& [name, ptr, nbytes] : items) {
+              reqs.push_back({check(f.info(name)), dest(ptr, nbytes)});
+              if (fresh) advise_fresh_destination(reqs.back().dst);
+            }
             check(f.read_many(reqs, threads));
           },
-          "items"_a, "threads"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
-          "Reads [(name, ptr, nbytes)] with a pool of threads. Releases the GIL.")
+          "items"_a, "threads"_a = 0, "fresh"_a = false, nb::call_guard<nb::gil_scoped_release>(),
+          "Reads [(name, ptr, nbytes)] with a pool of threads (fresh: as in read_into). Releases the GIL.")
       .def(
           "read_range",
           [](const File& f, std::uint64_t offset, std::uintptr_t ptr, std::uint64_t nbytes, unsigned threads) {
