@@ -17,6 +17,9 @@ namespace safetensors {
 struct File::State {
   std::shared_ptr<const Source> source;
   internal::ParsedHeader header;
+  // keys() order, computed on first use: many callers never ask, and those that do ask repeatedly.
+  mutable std::once_flag sorted_once;
+  mutable std::vector<std::string_view> sorted_keys;
 
   std::uint64_t data_offset() const { return 8 + header.header_length; }
 };
@@ -61,11 +64,13 @@ const std::vector<TensorInfo>& File::tensors() const { return state_->header.ten
 const std::optional<Metadata>& File::metadata() const { return state_->header.metadata; }
 
 std::vector<std::string_view> File::keys() const {
-  std::vector<std::string_view> keys;
-  keys.reserve(tensors().size());
-  for (const TensorInfo& t : tensors()) keys.emplace_back(t.name);
-  std::sort(keys.begin(), keys.end());
-  return keys;
+  std::call_once(state_->sorted_once, [this] {
+    auto& keys = state_->sorted_keys;
+    keys.reserve(tensors().size());
+    for (const TensorInfo& t : tensors()) keys.emplace_back(t.name);
+    std::sort(keys.begin(), keys.end());
+  });
+  return state_->sorted_keys;
 }
 
 const TensorInfo* File::find(std::string_view name) const {

@@ -179,7 +179,7 @@ class Framework:
 class _Reader:
     """What tensors and slice objects need from an open file: it outlives the safe_open that made it."""
 
-    __slots__ = ("file", "adapter", "device", "zero_copy", "_mv")
+    __slots__ = ("file", "adapter", "device", "zero_copy", "_mv", "_keys")
 
     def __init__(self, file: "_cpp.File", adapter: Framework, device: Any, zero_copy: bool) -> None:
         self.file = file
@@ -187,6 +187,12 @@ class _Reader:
         self.device = device
         self.zero_copy = zero_copy
         self._mv: Optional[memoryview] = None
+        self._keys: Optional[List[str]] = None
+
+    def keys(self) -> List[str]:
+        if self._keys is None:
+            self._keys = self.file.keys()
+        return list(self._keys)  # callers may mutate what they get
 
     def memoryview(self) -> Optional[memoryview]:
         if self._mv is None:
@@ -233,7 +239,7 @@ class safe_open:
 
     def keys(self) -> List[str]:
         """Tensor names, sorted."""
-        return self._open().file.keys()
+        return self._open().keys()
 
     def offset_keys(self) -> List[str]:
         """Tensor names in the order of their data in the file."""
