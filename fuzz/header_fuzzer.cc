@@ -88,6 +88,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size >= 8 && n <= size - 8 && n <= kDefaultMaxHeaderBytes) {
     const auto json = bytes.subspan(8, n);
     const std::uint64_t data_length = size - 8 - n;
+    // The cap applies to the declared length exactly: one byte below it refuses, at it changes nothing.
+    OpenOptions capped;
+    capped.max_header_bytes = n;
+    auto at_cap = File::open(memory_source(bytes, nullptr, "<fuzz>"), capped);
+    FUZZ_CHECK(at_cap.ok() == file.ok(), "a cap equal to the header length changed the outcome");
+    if (n > 0) {
+      capped.max_header_bytes = n - 1;
+      auto below = File::open(memory_source(bytes, nullptr, "<fuzz>"), capped);
+      FUZZ_CHECK(!below.ok() && below.error().kind() == Error::Kind::kHeaderTooLarge, "cap below the header length");
+    }
     auto zero_padded = parse_padded(json, data_length, '\0');
     check_same(zero_padded, parse_padded(json, data_length, '"'));
     check_same(zero_padded, parse_padded(json, data_length, '}'));
