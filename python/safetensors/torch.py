@@ -28,6 +28,11 @@ _SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in _TYPES.value
 
 _F4 = _TYPES.get("F4")
 
+try:  # the capsule reader behind torch.from_dlpack, without its per-call argument handling
+    from torch._C import _from_dlpack
+except ImportError:  # pragma: no cover - other torch versions
+    from torch.utils.dlpack import from_dlpack as _from_dlpack
+
 
 def _getdtype(dtype_str: str) -> torch.dtype:
     return _TYPES[dtype_str]
@@ -202,6 +207,14 @@ class _Torch(Framework):
     def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return tensor if device.type == "cpu" else tensor.to(device)
 
+    def get_tensor(self, reader: Any, name: str) -> torch.Tensor:
+        if reader.zero_copy:
+            # One native call builds the whole view (shape and dtype included) over the mapping.
+            capsule = reader.file.dlpack(name)
+            if capsule is not None:
+                return _from_dlpack(capsule)
+        return super().get_tensor(reader, name)
+
     def load_one(self, reader: Any, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> torch.Tensor:
         if _stages(reader.device):
             return _staged_load(reader.file, [(name, info)], reader.device)[name]
@@ -211,6 +224,14 @@ class _Torch(Framework):
         if _stages(reader.device):
             return _staged_load(reader.file, infos, reader.device)
         return super().load_all(reader, infos)
+
+    def get_all(self, reader: Any) -> Dict[str, torch.Tensor]:
+        if not reader.zero_copy:
+            return super().get_all(reader)
+        out = {}
+        for name, capsule in reader.file.dlpack_all():
+            out[name] = _from_dlpack(capsule) if capsule is not None else super().load_one(reader, name, reader.file.info(name))
+        return out
 
     def stack(self, tensors: List[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.stack(tensors, axis)

@@ -140,6 +140,94 @@ std::shared_ptr<const void> pin_buffer(nb::handle obj, std::span<const std::byte
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// DLPack: zero-copy tensors built by the consumer (torch) in one step, shape included. The legacy,
+// unversioned ABI (capsule name "dltensor"), which every torch release reads.
+
+struct DLDevice {
+  std::int32_t device_type;  // 1 = CPU
+  std::int32_t device_id;
+};
+struct DLDataType {
+  std::uint8_t code;
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  std::int32_t ndim;
+  DLDataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // null: compact row-major
+  std::uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+// Owns one exported view: the mapping stays alive until the consumer calls the deleter (from any thread;
+// releasing a shared_ptr needs no GIL).
+struct ExportedView {
+  DLManagedTensor managed{};
+  std::shared_ptr<const void> owner;
+  std::vector<std::int64_t> shape;
+};
+
+// DLPack type of each dtype code, or lanes == 0 where DLPack (or torch's reader of it) has none.
+DLDataType dlpack_type(Dtype d) {
+  switch (d) {
+    case Dtype::kBool: return {6, 8, 1};
+    case Dtype::kU8: return {1, 8, 1};
+    case Dtype::kI8: return {0, 8, 1};
+    case Dtype::kU16: return {1, 16, 1};
+    case Dtype::kI16: return {0, 16, 1};
+    case Dtype::kU32: return {1, 32, 1};
+    case Dtype::kI32: return {0, 32, 1};
+    case Dtype::kU64: return {1, 64, 1};
+    case Dtype::kI64: return {0, 64, 1};
+    case Dtype::kF16: return {2, 16, 1};
+    case Dtype::kF32: return {2, 32, 1};
+    case Dtype::kF64: return {2, 64, 1};
+    case Dtype::kBF16: return {4, 16, 1};
+    case Dtype::kC64: return {5, 64, 1};
+    default: return {0, 0, 0};  // float8/6/4: built through frombuffer + view instead
+  }
+}
+
+void capsule_destructor(PyObject* capsule) {
+  // A capsule still named "dltensor" was never consumed: its view is ours to free.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    managed->deleter(managed);
+  }
+}
+
+// A "dltensor" capsule over `t`'s bytes in the mapping, or None when its dtype has no DLPack type.
+nb::object export_view(const File& f, const TensorInfo& t) {
+  const DLDataType type = dlpack_type(t.dtype);
+  if (type.lanes == 0) return nb::none();
+  auto view = std::make_unique<ExportedView>();
+  view->owner = f.source();
+  view->shape.assign(t.shape.begin(), t.shape.end());
+  DLTensor& dl = view->managed.dl_tensor;
+  dl.data = const_cast<std::byte*>(f.source()->data() + f.data_offset() + t.begin);
+  dl.device = {1, 0};
+  dl.ndim = static_cast<std::int32_t>(view->shape.size());
+  dl.dtype = type;
+  dl.shape = view->shape.data();
+  dl.strides = nullptr;
+  dl.byte_offset = 0;
+  view->managed.manager_ctx = view.get();
+  view->managed.deleter = [](DLManagedTensor* m) { delete static_cast<ExportedView*>(m->manager_ctx); };
+  PyObject* capsule = PyCapsule_New(&view->managed, "dltensor", capsule_destructor);
+  if (capsule == nullptr) throw nb::python_error();
+  view.release();  // owned by the capsule, then by the consumer
+  return nb::steal(capsule);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Conversions
 
 Backend parse_backend(const std::string& name) {
@@ -331,6 +419,27 @@ NB_MODULE(_safetensors_cpp, m) {
             return b;
           },
           "The data buffer (everything after the header) as a Buffer, or None on the pread backend.")
+      .def(
+          "dlpack",
+          [](const File& f, std::string_view name) -> nb::object {
+            if (!f.source()->writable()) return nb::none();
+            return export_view(f, *check(f.info(name)));
+          },
+          "name"_a,
+          "A DLPack capsule viewing a tensor in the writable mapping (zero-copy, keeps it alive), or None "
+          "(pread backend, read-only mapping, or a dtype DLPack cannot describe).")
+      .def(
+          "dlpack_all",
+          [](const File& f) {
+            nb::list out;
+            const bool writable = f.source()->writable();
+            for (const TensorInfo& t : f.tensors()) {
+              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()),
+                                        writable ? export_view(f, t) : nb::none()));
+            }
+            return out;
+          },
+          "[(name, DLPack capsule or None)] for every tensor, in file order (see dlpack).")
       .def(
           "read_into",
           [](const File& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes, bool fresh) {

@@ -258,3 +258,29 @@ def test_save_model_makes_tensors_contiguous(tmp_path):
     assert torch.equal(load_file(tmp_path / "t.safetensors")["w"], torch.arange(6.0).reshape(2, 3).t())
     with pytest.raises(ValueError, match="force_contiguous=True"):
         save_model(T(), tmp_path / "u.safetensors", force_contiguous=False)
+
+
+def test_zero_copy_tensors_keep_the_mapping_alive_until_the_last_one_dies(tmp_path):
+    import gc
+
+    from safetensors import _safetensors_cpp
+
+    path = tmp_path / "life.safetensors"
+    save_file({"f32": torch.arange(4.0), "f8": torch.zeros(4, dtype=torch.float8_e4m3fn), "i64": torch.ones(3, dtype=torch.int64)}, path)
+    gc.collect()
+    base = _safetensors_cpp.live_mappings()
+    loaded = load_file(path)  # f32/i64 through DLPack, f8 through frombuffer: both hold the mapping
+    with safe_open(path, "pt") as f:
+        single = f.get_tensor("i64")
+    assert _safetensors_cpp.live_mappings() == base + 2
+    f32, f8 = loaded["f32"], loaded["f8"]
+    del loaded
+    gc.collect()
+    assert _safetensors_cpp.live_mappings() == base + 2
+    assert torch.equal(f32, torch.arange(4.0)) and raw(f8) == bytes(4)
+    del f32, single
+    gc.collect()
+    assert _safetensors_cpp.live_mappings() == base + 1  # f8 still holds the first mapping
+    del f8
+    gc.collect()
+    assert _safetensors_cpp.live_mappings() == base
