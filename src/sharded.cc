@@ -550,23 +550,33 @@ Result<ShardPlan> plan_shards(std::span<const TensorData> tensors, const Shardin
     }
   }
 
+  // The split huggingface_hub's split_torch_state_dict_into_shards makes (so files match save_pretrained's):
+  // tensors in order fill the open shard, which is closed when the next tensor would overflow it; a tensor
+  // larger than the limit is a shard of its own at once, while the open shard stays open.
   ShardPlan plan;
   plan.index_file_name = options.prefix + ".safetensors.index.json";
-  std::vector<std::size_t> shard_of(tensors.size());
+  ShardPlan::Shard open;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::uint64_t size = tensors[i].data.size();
     auto total = internal::checked_add(plan.total_size, size);
     if (!total) return Error::validation_overflow(context, tensors[i].name);
     plan.total_size = *total;
-    // bytes + size <= total_size, which fits.
-    if (plan.shards.empty() ||
-        (!plan.shards.back().inputs.empty() && plan.shards.back().bytes + size > options.max_shard_bytes) ||
-        plan.shards.back().bytes > options.max_shard_bytes) {
-      plan.shards.emplace_back();
+    if (size > options.max_shard_bytes) {
+      plan.shards.push_back({.file_name = {}, .inputs = {i}, .bytes = size});
+      continue;
     }
-    plan.shards.back().inputs.push_back(i);
-    plan.shards.back().bytes += size;
-    shard_of[i] = plan.shards.size() - 1;
+    // open.bytes + size <= total_size, which fits.
+    if (!open.inputs.empty() && open.bytes + size > options.max_shard_bytes) {
+      plan.shards.push_back(std::move(open));
+      open = {};
+    }
+    open.inputs.push_back(i);
+    open.bytes += size;
+  }
+  if (!open.inputs.empty()) plan.shards.push_back(std::move(open));
+  std::vector<std::size_t> shard_of(tensors.size());
+  for (std::size_t s = 0; s < plan.shards.size(); ++s) {
+    for (std::size_t i : plan.shards[s].inputs) shard_of[i] = s;
   }
   for (std::size_t s = 0; s < plan.shards.size(); ++s) {
     plan.shards[s].file_name = shard_file_name(options.prefix, s + 1, plan.shards.size());

@@ -131,7 +131,9 @@ class SAFETENSORS_EXPORT ShardedFile {
 // How save_sharded() splits and names a checkpoint.
 struct ShardingOptions {
   // The most tensor bytes one shard may hold, counted as transformers counts them: the sum of its tensors'
-  // data sizes, headers not included. A single tensor larger than this gets a shard of its own.
+  // data sizes, headers not included. The split is huggingface_hub's (what save_pretrained writes): tensors
+  // in input order fill the open shard, closed when the next would overflow it; a tensor larger than the
+  // limit becomes a shard of its own when it is met, and the open shard stays open.
   std::uint64_t max_shard_bytes = 5'000'000'000;
   // Shards are named `<prefix>-00001-of-00003.safetensors` and the index `<prefix>.safetensors.index.json`.
   // REQUIRES: not empty and free of '/' and NUL (else kInvalidArgument).
