@@ -1,0 +1,231 @@
+/* The machine's own ceilings for the benchmarks in bench/run.py, measured in the same run.
+ *
+ *   ceilings memcpy BYTES THREADS REPS          copy between two pre-faulted buffers
+ *   ceilings touch  BYTES THREADS REPS [HUGE]   write once into freshly mmap'ed memory (page faults + zeroing)
+ *   ceilings pread  FILE  THREADS REPS MEMORY [PIECE_MIB]
+ *                                               read the whole file with pread, in 8 MiB pieces (or PIECE_MIB;
+ *                                               0: the whole file in one call) handed out to THREADS threads,
+ *                                               into: MEMORY=0 one buffer faulted in before the first
+ *                                               repetition, 1 new memory each repetition, 2 new memory with
+ *                                               MADV_HUGEPAGE each repetition
+ *   ceilings write  FILE  BYTES THREADS REPS FSYNC
+ *                                               write BYTES from a pre-faulted buffer to a new FILE with
+ *                                               pwrite in 8 MiB pieces (FSYNC=1: then fsync the file and its
+ *                                               directory); the file is unlinked after each repetition
+ *
+ * Prints one JSON object: {"op", "bytes", "threads", "seconds": [one per repetition]}. Fresh memory is
+ * anonymous private mmap, without MADV_HUGEPAGE unless HUGE=1 / MEMORY=2: plain is what glibc malloc (and so
+ * torch.empty) gives a large allocation; numpy asks for huge pages on large arrays, which on a kernel with
+ * transparent huge pages set to "madvise" makes first touch much cheaper (512x fewer page faults).
+ * Build: cc -O2 -pthread ceilings.c -o ceilings (bench/run.py does it).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static size_t piece = (size_t)8 << 20; /* bytes per pread / pwrite call, handed out to the threads */
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char* what) {
+  fprintf(stderr, "ceilings: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+static int huge = 0;
+
+static unsigned char* fresh(size_t n) {
+  void* p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) die("mmap");
+#ifdef MADV_HUGEPAGE
+  if (huge && madvise(p, n ? n : 1, MADV_HUGEPAGE) != 0) die("madvise(MADV_HUGEPAGE)");
+#endif
+  return p;
+}
+
+enum op { OP_MEMCPY, OP_TOUCH, OP_PREAD, OP_WRITE };
+
+struct job {
+  enum op op;
+  unsigned char* dst;
+  const unsigned char* src;
+  int fd;
+  size_t bytes;
+  atomic_size_t next;
+  atomic_int failed;
+};
+
+static void* worker(void* arg) {
+  struct job* j = arg;
+  for (;;) {
+    size_t off = atomic_fetch_add(&j->next, piece);
+    if (off >= j->bytes) return NULL;
+    size_t n = j->bytes - off < piece ? j->bytes - off : piece;
+    switch (j->op) {
+      case OP_MEMCPY:
+        memcpy(j->dst + off, j->src + off, n);
+        break;
+      case OP_TOUCH:
+        memset(j->dst + off, 0x5a, n);
+        break;
+      case OP_WRITE:
+        while (n) {
+          ssize_t put = pwrite(j->fd, j->src + off, n, (off_t)off);
+          if (put < 0 && errno == EINTR) continue;
+          if (put <= 0) {
+            atomic_store(&j->failed, 1);
+            return NULL;
+          }
+          off += (size_t)put;
+          n -= (size_t)put;
+        }
+        break;
+      case OP_PREAD:
+        while (n) {
+          ssize_t got = pread(j->fd, j->dst + off, n, (off_t)off);
+          if (got < 0 && errno == EINTR) continue;
+          if (got <= 0) {
+            atomic_store(&j->failed, 1);
+            return NULL;
+          }
+          off += (size_t)got;
+          n -= (size_t)got;
+        }
+        break;
+    }
+  }
+}
+
+static void run(struct job* j, unsigned threads) {
+  pthread_t tid[64];
+  atomic_store(&j->next, 0);
+  for (unsigned i = 1; i < threads; ++i) {
+    if (pthread_create(&tid[i], NULL, worker, j) != 0) die("pthread_create");
+  }
+  worker(j);
+  for (unsigned i = 1; i < threads; ++i) pthread_join(tid[i], NULL);
+  if (atomic_load(&j->failed)) {
+    fprintf(stderr, "ceilings: pread/pwrite failed or hit end of file\n");
+    exit(1);
+  }
+}
+
+static void sync_dir_of(const char* path) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char* slash = strrchr(dir, '/');
+  if (slash == NULL) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || fsync(fd) != 0) die("fsync directory");
+  close(fd);
+}
+
+static int write_file(struct job* j, const char* path, unsigned threads, int reps, int sync) {
+  printf("{\"op\": \"write\", \"bytes\": %zu, \"threads\": %u, \"seconds\": [", j->bytes, threads);
+  for (int r = 0; r < reps; ++r) {
+    unlink(path);
+    double t0 = now();
+    j->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (j->fd < 0) die("open for writing");
+    run(j, threads);
+    if (sync && fsync(j->fd) != 0) die("fsync");
+    if (close(j->fd) != 0) die("close");
+    if (sync) sync_dir_of(path);
+    double t = now() - t0;
+    unlink(path);
+    printf("%s%.9f", r ? ", " : "", t);
+  }
+  printf("]}\n");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    fprintf(stderr, "usage: ceilings memcpy BYTES THREADS REPS | ceilings touch BYTES THREADS REPS [HUGE] | "
+                    "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
+    return 2;
+  }
+  const char* opname = argv[1];
+  unsigned threads = (unsigned)strtoul(argv[3], NULL, 10);
+  int reps = atoi(argv[4]);
+  if (threads < 1) threads = 1;
+  if (threads > 64) threads = 64;
+  struct job j;
+  memset(&j, 0, sizeof j);
+  j.fd = -1;
+  int fresh_each = 0;
+  if (strcmp(opname, "memcpy") == 0) {
+    j.op = OP_MEMCPY;
+    j.bytes = strtoull(argv[2], NULL, 10);
+    unsigned char* src = fresh(j.bytes);
+    j.dst = fresh(j.bytes);
+    memset(src, 1, j.bytes);
+    memset(j.dst, 2, j.bytes);
+    j.src = src;
+  } else if (strcmp(opname, "touch") == 0) {
+    j.op = OP_TOUCH;
+    j.bytes = strtoull(argv[2], NULL, 10);
+    fresh_each = 1;
+    huge = argc > 5 && atoi(argv[5]) != 0;
+  } else if (strcmp(opname, "pread") == 0) {
+    if (argc < 6) return 2;
+    j.op = OP_PREAD;
+    j.fd = open(argv[2], O_RDONLY | O_CLOEXEC);
+    if (j.fd < 0) die("open");
+    struct stat st;
+    if (fstat(j.fd, &st) != 0) die("fstat");
+    j.bytes = (size_t)st.st_size;
+    fresh_each = atoi(argv[5]) != 0;
+    huge = atoi(argv[5]) == 2;
+    if (argc > 6) {
+      size_t mib = strtoull(argv[6], NULL, 10);
+      piece = mib ? mib << 20 : (j.bytes ? j.bytes : 1);
+    }
+    if (!fresh_each) {
+      j.dst = fresh(j.bytes);
+      memset(j.dst, 0, j.bytes);
+    }
+  } else if (strcmp(opname, "write") == 0) {
+    if (argc < 7) return 2;
+    j.op = OP_WRITE;
+    j.bytes = strtoull(argv[3], NULL, 10);
+    threads = (unsigned)strtoul(argv[4], NULL, 10);
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    reps = atoi(argv[5]);
+    unsigned char* src = fresh(j.bytes);
+    memset(src, 0x5a, j.bytes);
+    j.src = src;
+    return write_file(&j, argv[2], threads, reps, atoi(argv[6]) != 0);
+  } else {
+    fprintf(stderr, "ceilings: unknown op %s\n", opname);
+    return 2;
+  }
+  printf("{\"op\": \"%s\", \"bytes\": %zu, \"threads\": %u, \"seconds\": [", opname, j.bytes, threads);
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now();
+    if (fresh_each) j.dst = fresh(j.bytes);
+    run(&j, threads);
+    double t = now() - t0;
+    if (fresh_each) munmap(j.dst, j.bytes ? j.bytes : 1);
+    printf("%s%.9f", r ? ", " : "", t);
+  }
+  printf("]}\n");
+  return 0;
+}

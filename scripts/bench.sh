@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Benchmarks (issue 5): this package against the reference safetensors 0.8.0, torch.save/torch.load and
+# numpy, next to the machine's own ceilings (memcpy, first touch, warm/cold pread) measured in the same run.
+# Sets everything up (scripts/setup.sh), then runs bench/run.py, which writes BENCHMARKS.md, the plot
+# bench/results.png and every sample in bench/results.json.
+#
+#   bash scripts/bench.sh                  the full run (512 MiB and 2 GiB files; ~15-20 minutes on 2 CPUs,
+#                                          about 7 GiB of free disk in build/bench/tmp)
+#   bash scripts/bench.sh --quick          small sizes, 3 repetitions (a smoke test, under 2 minutes after
+#                                          setup); writes build/bench/quick/ instead of BENCHMARKS.md
+#   bash scripts/bench.sh --cases 3,4      only some cases (1 open, 2 lazy load, 3 warm load, 4 cold load,
+#                                          5 save, 6 slicing, 7 get_tensor)
+#   bash scripts/bench.sh --no-setup ...   skip scripts/setup.sh (an environment that is already set up)
+#   bash scripts/bench.sh --help           every option (sizes, repetitions, temp dir, output)
+#
+# Run it on a quiet machine: other work on the CPUs or the disk shows up in every number (the report
+# records the load average at the start and the end, and says when the machine was busy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+setup=1
+args=()
+for a in "$@"; do
+  case "$a" in
+    --no-setup) setup=0 ;;
+    -h|--help) setup=0; args+=("$a") ;;
+    *) args+=("$a") ;;
+  esac
+done
+
+if ((setup)); then
+  # Keep the way the package is installed (a development checkout uses SAFETENSORS_EDITABLE=1), and leave
+  # out the other frameworks, which the benchmarks do not use, unless asked for.
+  site=$( [ -x .venv/bin/python ] && .venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' || true)
+  if [ -n "$site" ] && [ -f "$site/safetensors-dev.pth" ]; then export SAFETENSORS_EDITABLE=${SAFETENSORS_EDITABLE:-1}; fi
+  SAFETENSORS_FRAMEWORKS=${SAFETENSORS_FRAMEWORKS:-0} bash scripts/setup.sh
+fi
+
+exec .venv/bin/python bench/run.py ${args[@]+"${args[@]}"}
