@@ -68,7 +68,30 @@ std::vector<std::string_view> File::keys() const {
     auto& keys = state_->sorted_keys;
     keys.reserve(tensors().size());
     for (const TensorInfo& t : tensors()) keys.emplace_back(t.name);
-    std::sort(keys.begin(), keys.end());
+    // Writers order tensors by dtype, then by name, so file order is a few sorted runs (one per dtype):
+    // merging the runs costs O(n log runs) comparisons of names that often share long prefixes.
+    std::vector<std::size_t> run_starts;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i == 0 || keys[i] < keys[i - 1]) run_starts.push_back(i);
+    }
+    if (run_starts.size() > 64) {
+      std::sort(keys.begin(), keys.end());
+      return;
+    }
+    run_starts.push_back(keys.size());
+    while (run_starts.size() > 2) {
+      std::vector<std::size_t> merged;
+      for (std::size_t r = 0; r + 1 < run_starts.size(); r += 2) {
+        merged.push_back(run_starts[r]);
+        if (r + 2 < run_starts.size()) {
+          std::inplace_merge(keys.begin() + static_cast<std::ptrdiff_t>(run_starts[r]),
+                             keys.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 1]),
+                             keys.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 2]));
+        }
+      }
+      merged.push_back(keys.size());
+      run_starts = std::move(merged);
+    }
   });
   return state_->sorted_keys;
 }

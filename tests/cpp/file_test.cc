@@ -258,3 +258,47 @@ TEST(FileTest, ReadRangeCopiesAdjacentTensorsInOneCall) {
 
 }  // namespace
 }  // namespace safetensors
+
+namespace safetensors {
+namespace {
+
+TEST(FileTest, KeysAreSortedWhateverTheFileOrder) {
+  // Names in dtype-rank-then-name order form several sorted runs; any header order must sort the same.
+  std::vector<std::byte> b(8);
+  std::vector<std::string> names;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 300; ++i) names.push_back("t" + std::to_string(rng() % 100000) + "_" + std::to_string(i));
+  for (int dtypes : {1, 3, 22}) {
+    std::vector<TensorData> ts;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const Dtype d = kDtypeTable[i % static_cast<std::size_t>(dtypes)].dtype;
+      if (dtype_bits(d) % 8) continue;
+      ts.push_back({names[i], d, {}, std::span(b).first(dtype_bits(d) / 8)});
+    }
+    auto bytes = serialize(ts);
+    ASSERT_ST_OK(bytes);
+    auto f = test::open_bytes(test::to_string(*bytes));
+    ASSERT_ST_OK(f);
+    std::vector<std::string_view> keys = f->keys();
+    std::vector<std::string_view> expected;
+    for (const auto& t : ts) expected.emplace_back(t.name);
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(keys, expected) << dtypes;
+    EXPECT_EQ(f->keys(), keys);  // cached
+  }
+  // A header in descending name order: every name is a run of its own.
+  std::string header = "{";
+  for (int i = 99; i >= 0; --i) {
+    header += (i == 99 ? "\"" : ",\"") + std::to_string(1000 + i) + "\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  }
+  header += "}";
+  auto f = test::open_bytes(test::raw_file(header));
+  ASSERT_ST_OK(f);
+  std::vector<std::string_view> keys = f->keys();
+  ASSERT_EQ(keys.size(), 100u);
+  EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end()));
+  EXPECT_EQ(keys.front(), "1000");
+}
+
+}  // namespace
+}  // namespace safetensors
