@@ -18,6 +18,7 @@ The ceilings (memcpy, first touch, warm / fresh / cold pread) are measured for t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -383,29 +384,59 @@ class Bench:
                  results: Results, can_evict: bool) -> None:
         self.cfg, self.tmp, self.servers, self.ceil, self.res = cfg, tmpdir, servers, ceilings, results
         self.can_evict = can_evict
+        self._batch: Optional[List[Tuple[Any, ...]]] = None
 
     def want(self, case: str) -> bool:
         return case in self.cfg["cases"]
 
     def repeat(self, key: str, case: str, group: str, label: str, server: str, request: Dict[str, Any],
-               reps: Optional[int] = None, vary: Optional[str] = None) -> None:
-        """`reps` single-shot measurements, each in a fresh child; `vary` names a request field set to the
-        repetition number (the tensor-parallel rank)."""
-        samples = []
+               vary: Optional[str] = None) -> None:
+        """Single-shot measurements, each in a fresh child, cfg["reps"] of them; `vary` names a request field
+        set to the repetition number (the tensor-parallel rank). Inside `with self.interleaved()` they are
+        queued and run round-robin with the others of the block."""
+        item = (key, case, group, label, server, request, vary)
+        if self._batch is not None:
+            self._batch.append(item)
+        else:
+            self._run_batch([item])
+
+    @contextlib.contextmanager
+    def interleaved(self) -> Iterator[None]:
+        """Runs the measurements queued in the block round-robin (repetition 1 of each, then 2, ...), so that
+        a machine whose load drifts during the run does not favour whichever implementation came first."""
+        self._batch = []
         try:
-            for i in range(reps or self.cfg["reps"]):
-                req = dict(request, **({vary: i % 8} if vary else {}))
-                samples.append(self.servers[server](req))
-        except MeasurementError as e:
-            self.res.fail(key, case, group, label, str(e))
-            return
-        extra: Dict[str, Any] = {"bytes": int(statistics.median(s["bytes"] for s in samples))}
-        for field in ("rss_delta", "peak_delta"):
-            if field in samples[0]:
-                extra[field] = max(s[field] for s in samples)
-        if "resident_before" in samples[0]:
-            extra["resident_before"] = max(s["resident_before"] for s in samples)
-        self.res.add(key, case, group, label, [s["seconds"] for s in samples], **extra)
+            yield
+            batch = self._batch
+        finally:
+            self._batch = None
+        self._run_batch(batch)
+
+    def _run_batch(self, items: List[Tuple[Any, ...]]) -> None:
+        samples: List[List[Dict[str, Any]]] = [[] for _ in items]
+        errors: List[Optional[str]] = [None] * len(items)
+        reps = self.cfg["reps"]
+        for i in range(reps):
+            if len(items) > 1:
+                print(f"[{time.monotonic() - self.res.t0:6.0f}s] {items[0][1]:>2} {items[0][2]:<28} "
+                      f"round {i + 1} of {reps} over {len(items)} measurements", flush=True)
+            for j, (key, case, group, label, server, request, vary) in enumerate(items):
+                if errors[j]:
+                    continue
+                try:
+                    samples[j].append(self.servers[server](dict(request, **({vary: i % 8} if vary else {}))))
+                except MeasurementError as e:
+                    errors[j] = str(e)
+        for j, (key, case, group, label, server, request, vary) in enumerate(items):
+            if errors[j]:
+                self.res.fail(key, case, group, label, errors[j])
+                continue
+            got = samples[j]
+            extra: Dict[str, Any] = {"bytes": int(statistics.median(s["bytes"] for s in got))}
+            for field in ("rss_delta", "peak_delta", "resident_before"):
+                if field in got[0]:
+                    extra[field] = max(s[field] for s in got)
+            self.res.add(key, case, group, label, [s["seconds"] for s in got], **extra)
 
     def inner(self, key: str, case: str, group: str, label: str, server: str, request: Dict[str, Any]) -> None:
         """One child that repeats the operation itself (state does not matter: open, get_tensor, reads into
@@ -485,25 +516,27 @@ class Bench:
 
     def lazy(self, st: str, pt: str, size: int) -> None:
         group = f"lazy {size_name(size)}"
-        for impl, server, method in (("ours", "ours", "st_mmap"), ("ref", "ref", "st_mmap"),
-                                     ("torch", "ours", "torch_load_mmap"), ("numpy", "ours", "np_memmap")):
-            self.repeat(f"2/{size}/{impl}", "2", group, f"{IMPL[impl]}: {METHOD[method]}", server,
-                        {"op": "load", "method": method, "path": st, "pt": pt})
+        with self.interleaved():
+            for impl, server, method in (("ours", "ours", "st_mmap"), ("ref", "ref", "st_mmap"),
+                                         ("torch", "ours", "torch_load_mmap"), ("numpy", "ours", "np_memmap")):
+                self.repeat(f"2/{size}/{impl}", "2", group, f"{IMPL[impl]}: {METHOD[method]}", server,
+                            {"op": "load", "method": method, "path": st, "pt": pt})
 
     def warm(self, st: str, pt: str, size: int) -> None:
         group = f"warm {size_name(size)}"
-        for impl in ("ours", "ref"):
-            for method in ("st_pread", "st_mmap_clone", "st_mmap_touch"):
-                self.repeat(f"3/{size}/{impl}/{method}", "3", group, f"{IMPL[impl]}: {METHOD[method]}", impl,
-                            {"op": "load", "method": method, "path": st, "pt": pt})
-        if "ours_thp" in self.servers:
-            self.repeat(f"3/{size}/ours_thp/st_pread", "3", group, "this package, torch allocating with "
-                        f"THP_MEM_ALLOC_ENABLE=1: {METHOD['st_pread']}", "ours_thp",
-                        {"op": "load", "method": "st_pread", "path": st, "pt": pt})
-        self.repeat(f"3/{size}/torch", "3", group, f"torch: {METHOD['torch_load']}", "ours",
-                    {"op": "load", "method": "torch_load", "path": st, "pt": pt})
-        self.repeat(f"3/{size}/numpy", "3", group, f"numpy: {METHOD['np_fromfile']}", "ours",
-                    {"op": "load", "method": "np_fromfile", "path": st, "pt": pt})
+        with self.interleaved():
+            for impl in ("ours", "ref"):
+                for method in ("st_pread", "st_mmap_clone", "st_mmap_touch"):
+                    self.repeat(f"3/{size}/{impl}/{method}", "3", group, f"{IMPL[impl]}: {METHOD[method]}", impl,
+                                {"op": "load", "method": method, "path": st, "pt": pt})
+            if "ours_thp" in self.servers:
+                self.repeat(f"3/{size}/ours_thp/st_pread", "3", group, "this package, torch allocating with "
+                            f"THP_MEM_ALLOC_ENABLE=1: {METHOD['st_pread']}", "ours_thp",
+                            {"op": "load", "method": "st_pread", "path": st, "pt": pt})
+            self.repeat(f"3/{size}/torch", "3", group, f"torch: {METHOD['torch_load']}", "ours",
+                        {"op": "load", "method": "torch_load", "path": st, "pt": pt})
+            self.repeat(f"3/{size}/numpy", "3", group, f"numpy: {METHOD['np_fromfile']}", "ours",
+                        {"op": "load", "method": "np_fromfile", "path": st, "pt": pt})
         for api, backend in (("read_many", "pread"), ("read_range", "pread"), ("read_many", "mmap")):
             self.inner(f"3/{size}/prealloc/{api}/{backend}", "3", group,
                        f"this package: File({backend}).{api} into a pre-faulted buffer", "ours",
@@ -515,36 +548,42 @@ class Bench:
             self.res.fail(f"4/{size}", "4", group, "every implementation", "page-cache eviction is not possible here")
             return
         self.ceil.cold_pread(st, size)
-        for impl in ("ours", "ref"):
-            for method in ("st_pread", "st_mmap_clone", "st_mmap_touch"):
-                self.repeat(f"4/{size}/{impl}/{method}", "4", group, f"{IMPL[impl]}: {METHOD[method]}", impl,
-                            {"op": "load", "method": method, "path": st, "pt": pt, "evict": True})
-        self.repeat(f"4/{size}/torch", "4", group, f"torch: {METHOD['torch_load']}", "ours",
-                    {"op": "load", "method": "torch_load", "path": st, "pt": pt, "evict": True})
-        self.repeat(f"4/{size}/numpy", "4", group, f"numpy: {METHOD['np_fromfile']}", "ours",
-                    {"op": "load", "method": "np_fromfile", "path": st, "pt": pt, "evict": True})
+        with self.interleaved():
+            for impl in ("ours", "ref"):
+                for method in ("st_pread", "st_mmap_clone", "st_mmap_touch"):
+                    self.repeat(f"4/{size}/{impl}/{method}", "4", group, f"{IMPL[impl]}: {METHOD[method]}", impl,
+                                {"op": "load", "method": method, "path": st, "pt": pt, "evict": True})
+            self.repeat(f"4/{size}/torch", "4", group, f"torch: {METHOD['torch_load']}", "ours",
+                        {"op": "load", "method": "torch_load", "path": st, "pt": pt, "evict": True})
+            self.repeat(f"4/{size}/numpy", "4", group, f"numpy: {METHOD['np_fromfile']}", "ours",
+                        {"op": "load", "method": "np_fromfile", "path": st, "pt": pt, "evict": True})
 
     def slicing(self, st: str, size: int) -> None:
         group = f"slice {size_name(size)}"
-        for backend in ("mmap", "pread"):
-            for impl in ("ours", "ref"):
-                self.repeat(f"6/{size}/{backend}/{impl}", "6", group,
-                            f"{IMPL[impl]}: get_slice(name)[:, k*cols//8:(k+1)*cols//8], {backend}", impl,
-                            {"op": "slice", "path": st, "backend": backend}, vary="k")
+        with self.interleaved():
+            for backend in ("mmap", "pread"):
+                for impl in ("ours", "ref"):
+                    self.repeat(f"6/{size}/{backend}/{impl}", "6", group,
+                                f"{IMPL[impl]}: get_slice(name)[:, k*cols//8:(k+1)*cols//8], {backend}", impl,
+                                {"op": "slice", "path": st, "backend": backend}, vary="k")
 
     def save(self, size: int) -> None:
         group = f"save {size_name(size)}"
         out = str(self.tmp / "saved.out")
         for fsync in (False, True):
-            for impl, server, method, what in (("ours", "ours", "st", "save_file"), ("ref", "ref", "st", "save_file"),
-                                               ("torch", "ours", "torch", "torch.save"),
-                                               ("numpy", "ours", "np", "ndarray.tofile of every tensor")):
-                if fsync and impl == "torch":
-                    continue  # the durable-write baseline is numpy's (raw bytes + fsync); this saves minutes
-                label = f"{IMPL[impl]}: {what}" + (" + fsync" if fsync else "")
-                self.repeat(f"5/{size}/{impl}/{'fsync' if fsync else 'nofsync'}", "5", group, label, server,
-                            {"op": "save", "method": method, "path": out, "bytes": size, "hidden": self.cfg["hidden"],
-                             "fsync": fsync})
+            with self.interleaved():
+                self._save_group(size, group, out, fsync)
+
+    def _save_group(self, size: int, group: str, out: str, fsync: bool) -> None:
+        for impl, server, method, what in (("ours", "ours", "st", "save_file"), ("ref", "ref", "st", "save_file"),
+                                           ("torch", "ours", "torch", "torch.save"),
+                                           ("numpy", "ours", "np", "ndarray.tofile of every tensor")):
+            if fsync and impl == "torch":
+                continue  # the durable-write baseline is numpy's (raw bytes + fsync); this saves minutes
+            label = f"{IMPL[impl]}: {what}" + (" + fsync" if fsync else "")
+            self.repeat(f"5/{size}/{impl}/{'fsync' if fsync else 'nofsync'}", "5", group, label, server,
+                        {"op": "save", "method": method, "path": out, "bytes": size, "hidden": self.cfg["hidden"],
+                         "fsync": fsync})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -698,7 +737,8 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
     L += ["## How it is measured", "",
           f"- Every number is the median of {cfg['reps']} runs, with the min and max beside it; GB/s is decimal "
           "(10^9 bytes) over the median time.",
-          "- Each single-shot measurement (cases 2-6) runs in a fresh process: a child forked from a worker that "
+          "- Each single-shot measurement (cases 2-6) runs in a fresh process, and the implementations compared "
+          "in one table take turns (run 1 of each, then run 2, ...) so that drifting machine load is shared out: a child forked from a worker that "
           "has already imported torch, numpy and the implementation under test (and run each operation once on "
           "a tiny file, so lazy imports are not timed). RSS is measured in that child from its start; peak RSS "
           "via VmHWM after resetting it (/proc/self/clear_refs) just before the operation. The reference runs "
@@ -913,7 +953,8 @@ def main() -> int:
     out_json = (outdir / "results.json") if args.quick else HERE / "results.json"
     if args.out and not args.quick:  # a report elsewhere keeps its plot and samples beside it
         plot, out_json = out_md.parent / "results.png", out_md.parent / "results.json"
-    tmpdir = (args.tmpdir or ROOT / "build" / "bench" / "tmp").resolve()
+    fs_dir = (args.tmpdir or ROOT / "build" / "bench" / "tmp").resolve()
+    tmpdir = fs_dir / f"run-{os.getpid()}"  # this run's own files, removed at the end
     tmpdir.mkdir(parents=True, exist_ok=True)
 
     if not (args.reference / "safetensors" / "__init__.py").exists():
@@ -922,7 +963,7 @@ def main() -> int:
 
     load_start = load_average()
     started = time.monotonic()
-    info = machine_info(tmpdir)
+    info = machine_info(fs_dir)
     can_evict, eviction = check_eviction(tmpdir)
     print(f"bench: cases {','.join(args.cases)}, sizes {', '.join(map(size_name, cfg['sizes']))}, "
           f"{cfg['reps']} runs each, files in {tmpdir} ({shutil.disk_usage(tmpdir).free / GiB:.0f} GiB free)")
@@ -974,6 +1015,7 @@ def main() -> int:
     finally:
         for s in servers.values():
             s.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
     tgts = targets(cfg, results)
     results.notes += observations(cfg, results)
