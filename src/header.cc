@@ -264,7 +264,13 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   std::size_t respelled_size = 0;
   const auto respelled = respell_negative_zero(json, &respelled_size);
   if (respelled) json = std::string_view(respelled.get(), respelled_size);
-  simdjson::dom::parser dom;
+  // A parser keeps its buffers (about 10x the header) between parses: reuse one per thread for ordinary
+  // headers, so opening many files does not allocate and page-fault them afresh each time; a rare huge
+  // header gets a parser of its own, freed with it, so no thread keeps hundreds of MB.
+  constexpr std::size_t kReusedParserLimit = 8u << 20;
+  thread_local simdjson::dom::parser reused;
+  std::optional<simdjson::dom::parser> own;
+  simdjson::dom::parser& dom = json.size() <= kReusedParserLimit ? reused : own.emplace();
   element root;
   if (auto err = dom.parse(json.data(), json.size(), /*realloc_if_needed=*/false).get(root)) {
     return p.json_error(simdjson::error_message(err));
@@ -342,6 +348,12 @@ Result<ParsedHeader> read_header(const Source& source, std::uint64_t max_header_
   if (!header_end || *header_end > file_size) {
     return Error::invalid_header_length(context, "declared length " + std::to_string(n) + " runs past the end of the " +
                                                      std::to_string(file_size) + "-byte file");
+  }
+  // A mapped or in-memory file with at least kJsonPadding bytes after the header is parsed in place: the
+  // parser may read (but never interprets) that many bytes past the end of its input.
+  if (const std::byte* mem = source.data(); mem != nullptr && file_size - *header_end >= kJsonPadding) {
+    return parse_header_json(std::string_view(reinterpret_cast<const char*>(mem) + 8, n), file_size - *header_end,
+                             context);
   }
   // Only now, with n <= file size, is a buffer of n bytes allocated.
   auto buf = std::make_unique_for_overwrite<char[]>(n + kJsonPadding);

@@ -27,7 +27,8 @@ struct ParsedHeader {
 };
 
 // Validation steps 4-10 over the N header bytes `json`, for a file whose data buffer (everything after the
-// header) is `data_length` bytes. `json` must be followed by at least kJsonPadding readable bytes.
+// header) is `data_length` bytes. `json` must be followed by at least kJsonPadding readable bytes, whose
+// values do not matter.
 Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data_length, std::string_view context);
 
 // Steps 1-10: reads the length prefix and the header from `source` and validates them.
