@@ -7,7 +7,7 @@ implementations. Both must make the same decision; a refusal must be of the same
 message text mapped to its variant token, ours carrying the token itself) and an acceptance must give the
 same keys, metadata, dtypes, shapes and bytes. The reference runs over the whole batch in one subprocess.
 
-The only differences allowed are the deliberate ones in docs/differences-hardening.md.
+The only differences allowed are the deliberate ones in README.md ("Differences from the reference").
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ def tied_entries(path: Path) -> bool:
 
 
 def explain(ours: tuple, theirs: tuple, path: Path) -> Optional[str]:
-    """The documented reason for a difference (docs/differences-hardening.md), or None."""
+    """The documented reason for a difference (README.md, "Differences from the reference"), or None."""
     if ours[0] == "refused" and ours[1] == "InvalidHeaderDeserialization":
         # The reference keeps the last of two equal keys, then accepts the file or meets a later error.
         if "duplicate tensor name" in ours[2]:
