@@ -334,7 +334,8 @@ NB_MODULE(_safetensors_cpp, m) {
       .def_prop_ro("writable", [](const Buffer& b) { return b.writable; });
 
   nb::class_<SlicePlan>(m, "SlicePlan", "A planned index expression over one tensor.")
-      .def_prop_ro("shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); })
+      .def_prop_ro("shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); },
+                   nb::sig("def shape(self) -> tuple[int, ...]"))
       .def_prop_ro("nbytes", &SlicePlan::nbytes)
       .def_prop_ro("is_whole", &SlicePlan::is_whole);
 
@@ -359,6 +360,7 @@ NB_MODULE(_safetensors_cpp, m) {
             return check(File::open(memory_source(bytes, std::move(owner)), options), Op::kOpenBytes);
           },
           "data"_a, "max_header_bytes"_a = kDefaultMaxHeaderBytes,
+          nb::sig("def from_buffer(data: bytes | bytearray | memoryview, max_header_bytes: int = 100000000) -> File"),
           "Validates a bytes-like object in place; the object is kept alive by the File and its views.")
       .def_prop_ro("path", &File::path)
       .def_prop_ro("backend", [](const File& f) { return backend_name(f.backend()); })
@@ -375,7 +377,7 @@ NB_MODULE(_safetensors_cpp, m) {
             for (std::string_view s : k) out.append(nb::str(s.data(), s.size()));
             return out;
           },
-          "Tensor names sorted.")
+          nb::sig("def keys(self) -> list[str]"), "Tensor names sorted.")
       .def(
           "offset_keys",
           [](const File& f) {
@@ -383,7 +385,7 @@ NB_MODULE(_safetensors_cpp, m) {
             for (const TensorInfo& t : f.tensors()) out.append(nb::str(t.name.data(), t.name.size()));
             return out;
           },
-          "Tensor names in file (offset) order.")
+          nb::sig("def offset_keys(self) -> list[str]"), "Tensor names in file (offset) order.")
       .def(
           "metadata",
           [](const File& f) -> nb::object {
@@ -392,9 +394,10 @@ NB_MODULE(_safetensors_cpp, m) {
             for (const auto& [k, v] : *f.metadata()) d[nb::str(k.data(), k.size())] = nb::str(v.data(), v.size());
             return d;
           },
-          "`__metadata__` as a dict, or None.")
+          nb::sig("def metadata(self) -> dict[str, str] | None"), "`__metadata__` as a dict, or None.")
       .def(
           "info", [](const File& f, std::string_view name) { return info_tuple(*check(f.info(name))); }, "name"_a,
+          nb::sig("def info(self, name: str) -> tuple[str, tuple[int, ...], int, int]"),
           "(dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.")
       .def(
           "infos",
@@ -405,6 +408,7 @@ NB_MODULE(_safetensors_cpp, m) {
             }
             return out;
           },
+          nb::sig("def infos(self) -> list[tuple[str, tuple[str, tuple[int, ...], int, int]]]"),
           "[(name, (dtype code, shape, begin, end))] in file order.")
       .def(
           "buffer",
@@ -425,7 +429,7 @@ NB_MODULE(_safetensors_cpp, m) {
             if (!f.source()->writable()) return nb::none();
             return export_view(f, *check(f.info(name)));
           },
-          "name"_a,
+          "name"_a, nb::sig("def dlpack(self, name: str) -> object | None"),
           "A DLPack capsule viewing a tensor in the writable mapping (zero-copy, keeps it alive), or None "
           "(pread backend, read-only mapping, or a dtype DLPack cannot describe).")
       .def(
@@ -439,6 +443,7 @@ NB_MODULE(_safetensors_cpp, m) {
             }
             return out;
           },
+          nb::sig("def dlpack_all(self) -> list[tuple[str, object | None]]"),
           "[(name, DLPack capsule or None)] for every tensor, in file order (see dlpack).")
       .def(
           "read_into",
@@ -535,6 +540,7 @@ NB_MODULE(_safetensors_cpp, m) {
         }
         return out;
       },
+      nb::sig("def dtype_table() -> list[tuple[str, int, str, str]]"),
       "[(code, bits, torch name, numpy name)] in rank order: the one dtype table.");
 
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
