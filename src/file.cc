@@ -3,14 +3,13 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "checked.h"
 #include "header.h"
+#include "parallel.h"
 
 namespace safetensors {
 
@@ -228,38 +227,11 @@ void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, st
 
 // Reads every piece with up to `threads` threads (0 = by size and hardware); the first error wins.
 Status read_pieces(const Source& src, const std::vector<Piece>& pieces, std::uint64_t total, unsigned threads) {
-  if (threads == 0) {
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    threads = std::min<unsigned>({hw, 8u, static_cast<unsigned>(total / kReadChunk) + 1});
-  }
-  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(pieces.size())));
-
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  std::optional<Error> first_error;
-  auto worker = [&]() {
-    for (;;) {
-      if (failed.load(std::memory_order_relaxed)) return;
-      const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
-      if (i >= pieces.size()) return;
-      const Piece& p = pieces[i];
-      Status s = read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length));
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (!first_error) first_error = std::move(s).error();
-        failed.store(true, std::memory_order_relaxed);
-        return;
-      }
-    }
-  };
-  {
-    std::vector<std::jthread> pool;
-    for (unsigned i = 1; i < threads; ++i) pool.emplace_back(worker);
-    worker();
-  }
-  if (first_error) return std::move(*first_error);
-  return ok_status();
+  if (threads == 0) threads = internal::default_threads(total, kReadChunk);
+  return internal::run_parallel(pieces.size(), threads, [&](std::size_t i) {
+    const Piece& p = pieces[i];
+    return read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length));
+  });
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <unordered_set>
 
 #include "checked.h"
+#include "parallel.h"
 #include "name_index.h"
 #include "posix.h"
 
@@ -374,40 +375,13 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
     total += r.dst.size();
   }
   if (pieces.empty()) return ok_status();
-  if (threads == 0) {
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    threads = std::min<unsigned>({hw, 8u, static_cast<unsigned>(std::min<std::uint64_t>(total / kReadChunk, 64)) + 1});
-  }
-  threads = std::max(1u, static_cast<unsigned>(std::min<std::size_t>(threads, pieces.size())));
-
   // Pieces are taken in request order, so threads that start together read different tensors -- and, for
   // requests spread over shards, different files.
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  std::optional<Error> first_error;
-  auto worker = [&]() {
-    for (;;) {
-      if (failed.load(std::memory_order_relaxed)) return;
-      const std::size_t k = next.fetch_add(1, std::memory_order_relaxed);
-      if (k >= pieces.size()) return;
-      const Piece& p = pieces[k];
-      Status s = read_exact(*p.source, p.offset, std::span<std::byte>(p.dst, p.length));
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (!first_error) first_error = std::move(s).error();
-        failed.store(true, std::memory_order_relaxed);
-        return;
-      }
-    }
-  };
-  {
-    std::vector<std::jthread> pool;
-    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-    worker();
-  }
-  if (first_error) return std::move(*first_error);
-  return ok_status();
+  if (threads == 0) threads = internal::default_threads(total, kReadChunk);
+  return internal::run_parallel(pieces.size(), threads, [&](std::size_t k) {
+    const Piece& p = pieces[k];
+    return read_exact(*p.source, p.offset, std::span<std::byte>(p.dst, p.length));
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -12,12 +12,14 @@
 // seeing the old bytes.
 //
 // Thread safety: WritePlan is immutable and safe to share. FileWriter requires external synchronization,
-// except that write() for distinct tensors may run concurrently (it uses positional writes).
+// except that write() and write_part() of distinct byte ranges may run concurrently (positional writes).
 #ifndef SAFETENSORS_WRITER_H_
 #define SAFETENSORS_WRITER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -123,7 +125,7 @@ class SAFETENSORS_EXPORT FileWriter {
   // Distinct inputs may be written concurrently from different threads.
   Status write(std::size_t input, std::span<const std::byte> bytes);
   // Writes part of input `input`'s bytes, `offset` bytes into the tensor. The parts of one input must cover
-  // it exactly once. Same requirements and errors as write().
+  // it exactly once; parts may be written concurrently. Same requirements and errors as write().
   Status write_part(std::size_t input, std::uint64_t offset, std::span<const std::byte> bytes);
 
   // Makes the file visible at its path: optional fsync, rename over the target, optional directory fsync.
@@ -142,7 +144,9 @@ class SAFETENSORS_EXPORT FileWriter {
   int fd_ = -1;
   WritePlan plan_;
   WriteOptions options_;
-  std::vector<std::uint64_t> written_;  // bytes written per input
+  // Bytes written per input (one counter per entry of the plan): atomic, since parts of one input may be
+  // written from several threads.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> written_;
   bool done_ = true;
 };
 

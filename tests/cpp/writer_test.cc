@@ -295,3 +295,24 @@ TEST(WriterTest, SavingOverAMappedFileKeepsOldViewsIntact) {
 
 }  // namespace
 }  // namespace safetensors
+
+namespace safetensors {
+namespace {
+
+TEST(WriterTest, SavesLargeTensorsInParallelPieces) {
+  test::TempDir dir;
+  std::vector<std::byte> big = test::random_bytes(40u << 20, 11), mid = test::random_bytes(9u << 20, 12),
+                         small = test::random_bytes(100, 13);
+  std::vector<TensorData> ts = {{"big", Dtype::kU8, {big.size()}, big},
+                                {"mid", Dtype::kU8, {mid.size()}, mid},
+                                {"small", Dtype::kU8, {small.size()}, small},
+                                {"empty", Dtype::kF32, {0}, {}}};
+  const std::string path = dir.file("p.safetensors");
+  ASSERT_ST_OK(save_file(path, ts));
+  auto expected = serialize(ts);
+  ASSERT_ST_OK(expected);
+  EXPECT_EQ(test::read_bytes(path), test::to_string(*expected));
+}
+
+}  // namespace
+}  // namespace safetensors

@@ -1,0 +1,58 @@
+// A small fork-join helper: the one place the library starts worker threads.
+#ifndef SAFETENSORS_SRC_PARALLEL_H_
+#define SAFETENSORS_SRC_PARALLEL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "safetensors/error.h"
+
+namespace safetensors::internal {
+
+// Threads for `total_bytes` of I/O in pieces of `piece_bytes`: one per piece, at most the hardware's and 8.
+inline unsigned default_threads(std::uint64_t total_bytes, std::uint64_t piece_bytes) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  return std::min<unsigned>({hw, 8u, static_cast<unsigned>(total_bytes / piece_bytes) + 1});
+}
+
+// Runs work(i) for every i in [0, count) on up to `threads` threads (the caller's included); items are handed
+// out in order. Stops handing out items after the first failure, whose Error is returned.
+template <typename Work>
+Status run_parallel(std::size_t count, unsigned threads, Work&& work) {
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(std::min<std::size_t>(count, 1024))));
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+  std::optional<Error> first_error;
+  auto worker = [&]() {
+    for (;;) {
+      if (failed.load(std::memory_order_relaxed)) return;
+      const std::size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= count) return;
+      Status s = work(i);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!first_error) first_error = std::move(s).error();
+        failed.store(true, std::memory_order_relaxed);
+        return;
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+  }
+  if (first_error) return std::move(*first_error);
+  return ok_status();
+}
+
+}  // namespace safetensors::internal
+
+#endif  // SAFETENSORS_SRC_PARALLEL_H_
