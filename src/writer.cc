@@ -21,8 +21,29 @@
 namespace safetensors {
 namespace {
 
-// save_file() writes in pieces of at most this many bytes.
+// Tensor bytes are copied out in pieces of at most this many bytes, by a few threads: copying into the page
+// cache or a fresh buffer is CPU work (and page faults) that parallelizes.
 constexpr std::uint64_t kWriteChunk = 8u << 20;
+
+struct Piece {
+  std::size_t input;
+  std::uint64_t offset;  // into the tensor
+  std::span<const std::byte> bytes;
+};
+
+// The plan's tensors as pieces in file order; *total receives the bytes they hold.
+std::vector<Piece> split_for_write(const WritePlan& plan, std::span<const TensorData> tensors, std::uint64_t* total) {
+  std::vector<Piece> pieces;
+  *total = 0;
+  for (const WritePlan::Entry& e : plan.entries()) {
+    const std::span<const std::byte> data = tensors[e.input].data;
+    for (std::uint64_t off = 0; off < data.size(); off += kWriteChunk) {
+      pieces.push_back({e.input, off, data.subspan(off, std::min<std::uint64_t>(kWriteChunk, data.size() - off))});
+    }
+    *total += data.size();
+  }
+  return pieces;
+}
 
 // JSON string escaping as the reference writes it: `"` and `\` escaped, control characters as their short
 // escapes or \u00xx (lowercase hex), everything else -- including non-ASCII UTF-8 -- raw.
@@ -177,16 +198,21 @@ Status serialize_into(const WritePlan& plan, std::span<const TensorData> tensors
   if (out.size() != plan.total_size() || tensors.size() != plan.entries().size()) {
     return Error::invalid_argument("<memory>", "serialize_into: buffer or tensors do not match the plan");
   }
-  std::memcpy(out.data(), plan.prefix().data(), plan.prefix().size());
   for (const WritePlan::Entry& e : plan.entries()) {
-    const auto& data = tensors[e.input].data;
-    if (data.size() != e.end - e.begin) {
+    if (tensors[e.input].data.size() != e.end - e.begin) {
       return Error::invalid_argument("<memory>", "serialize_into: tensor `" + tensors[e.input].name +
                                                      "` does not match the plan");
     }
-    if (!data.empty()) std::memcpy(out.data() + plan.data_offset() + e.begin, data.data(), data.size());
   }
-  return ok_status();
+  std::memcpy(out.data(), plan.prefix().data(), plan.prefix().size());
+  std::uint64_t total = 0;
+  const std::vector<Piece> pieces = split_for_write(plan, tensors, &total);
+  return internal::run_parallel(pieces.size(), internal::default_threads(total, kWriteChunk), [&](std::size_t i) {
+    const Piece& p = pieces[i];
+    const WritePlan::Entry& e = plan.entries()[plan.position_of(p.input)];
+    std::memcpy(out.data() + plan.data_offset() + e.begin + p.offset, p.bytes.data(), p.bytes.size());
+    return ok_status();
+  });
 }
 
 Result<std::vector<std::byte>> serialize(std::span<const TensorData> tensors, const std::optional<Metadata>& metadata,
@@ -201,22 +227,8 @@ Status save_file(const std::string& path, std::span<const TensorData> tensors, c
                  const WriteOptions& options) {
   SAFETENSORS_ASSIGN_OR_RETURN(auto plan, WritePlan::make(tensors, metadata, options.max_header_bytes));
   SAFETENSORS_ASSIGN_OR_RETURN(auto writer, FileWriter::create(path, std::move(plan), options));
-  // Pieces of at most kWriteChunk bytes in file order, written by a few threads: copying into the page
-  // cache is CPU work that parallelizes.
-  struct Piece {
-    std::size_t input;
-    std::uint64_t offset;
-    std::span<const std::byte> bytes;
-  };
-  std::vector<Piece> pieces;
   std::uint64_t total = 0;
-  for (const WritePlan::Entry& e : writer.plan().entries()) {
-    const std::span<const std::byte> data = tensors[e.input].data;
-    for (std::uint64_t off = 0; off < data.size(); off += kWriteChunk) {
-      pieces.push_back({e.input, off, data.subspan(off, std::min<std::uint64_t>(kWriteChunk, data.size() - off))});
-    }
-    total += data.size();
-  }
+  const std::vector<Piece> pieces = split_for_write(writer.plan(), tensors, &total);
   Status st = internal::run_parallel(pieces.size(), internal::default_threads(total, kWriteChunk), [&](std::size_t i) {
     return writer.write_part(pieces[i].input, pieces[i].offset, pieces[i].bytes);
   });
