@@ -686,6 +686,11 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
                        "itself. The first-touch target uses the plain ceiling (what torch.empty gets); the "
                        "huge-page ceilings are shown for information.")
             break
+    leaky = [r["label"] for r in res.rows.values()
+             if r.get("resident_before") is not None and r["resident_before"] > 0.05]
+    if leaky:
+        out.append("Eviction was incomplete (over 5% of the file still cached before a cold run, see 'cached') for: "
+                   + "; ".join(leaky) + ". Those cold numbers are partly warm.")
     # Targets that this machine's own limits put out of reach, said plainly next to them.
     for size in cfg["sizes"]:
         tl, mc = res.get(f"3/{size}/torch"), res.get(f"C/memcpy/{size}")
