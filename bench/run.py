@@ -971,9 +971,9 @@ def main() -> int:
     ap.add_argument("--cold-size", type=parse_size, help="size for the cold-cache case (default: the smallest)")
     ap.add_argument("--slice-size", type=parse_size, help="size for the slicing case (default: the largest)")
     ap.add_argument("--reps", type=int, help="repetitions per measurement (default 5, --quick 3)")
-    ap.add_argument("--tmpdir", type=Path, help="where the benchmark files go (default: build/bench/tmp)")
+    ap.add_argument("--tmpdir", type=Path, help="where the benchmark files go (default: build/bench-results/tmp)")
     ap.add_argument("--out", type=Path, help="the Markdown report (default: BENCHMARKS.md; --quick: "
-                                             "build/bench/quick/BENCHMARKS.md)")
+                                             "build/bench-results/quick/BENCHMARKS.md)")
     ap.add_argument("--spawn", action="store_true", help="a new interpreter for every measurement instead of "
                                                          "forking one (slower, same numbers)")
     ap.add_argument("--reference", type=Path, default=ROOT / ".ref", help="the reference's --target dir")
@@ -988,7 +988,7 @@ def main() -> int:
         ap.error(f"unknown case(s) {bad}; cases are {', '.join(f'{k}: {v}' for k, v in CASES.items())}")
     cfg = config(args)
 
-    outdir = ROOT / "build" / "bench" / ("quick" if args.quick else "full")
+    outdir = ROOT / "build" / "bench-results" / ("quick" if args.quick else "full")
     outdir.mkdir(parents=True, exist_ok=True)
     out_md = args.out or (outdir / "BENCHMARKS.md" if args.quick else ROOT / "BENCHMARKS.md")
     out_md = out_md.resolve()
@@ -1003,13 +1003,13 @@ def main() -> int:
         results.rows, results.notes = data["rows"], data.get("notes", [])
         meta = dict(data["meta"], json=str(args.render.resolve()))
         quick = data["config"]["quick"]
-        default_dir = ROOT / "build" / "bench" / "quick"
+        default_dir = ROOT / "build" / "bench-results" / "quick"
         md = out_md if args.out else Path(meta.get("out", default_dir / "BENCHMARKS.md" if quick else ROOT / "BENCHMARKS.md"))
         png = (md.parent / "results.png" if args.out else
                Path(meta.get("plot", default_dir / "results.png" if quick else HERE / "results.png")))
         report(md, png, data["config"], data["machine"], results, meta)
         return 0
-    fs_dir = (args.tmpdir or ROOT / "build" / "bench" / "tmp").resolve()
+    fs_dir = (args.tmpdir or ROOT / "build" / "bench-results" / "tmp").resolve()
     tmpdir = fs_dir / f"run-{os.getpid()}"  # this run's own files, removed at the end
     tmpdir.mkdir(parents=True, exist_ok=True)
 
