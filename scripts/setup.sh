@@ -41,7 +41,11 @@ log "building and installing the safetensors package"
 # entry, not an import hook, so PYTHONPATH=.ref still selects the reference in differential tests.
 if [ "${SAFETENSORS_EDITABLE:-0}" = 1 ]; then
   SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  cp "$SITE"/safetensors/_safetensors_cpp*.so python/safetensors/
+  for so in "$SITE"/safetensors/_safetensors_cpp*.so; do
+    # A new file renamed over the old one: processes that have the old module loaded keep their mapping.
+    cp "$so" "python/safetensors/.$(basename "$so").tmp"
+    mv -f "python/safetensors/.$(basename "$so").tmp" "python/safetensors/$(basename "$so")"
+  done
   rm -rf "$SITE/safetensors"
   echo "$PWD/python" > "$SITE/safetensors-dev.pth"
 else
