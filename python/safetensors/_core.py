@@ -180,7 +180,7 @@ class Framework:
     def load_copies(self, file: "_cpp.File") -> Dict[str, Any]:
         """Every tensor of ``file`` copied into memory of its own, on the CPU (for ``load(bytes)``)."""
         with gc_paused():
-            return self.load_all(_Reader(file, self, self.resolve_device("cpu"), zero_copy=False), file.infos())
+            return self.get_all(_Reader(file, self, self.resolve_device("cpu"), zero_copy=False))
 
     def load_slice(self, reader: "_Reader", name: str, code: str, plan: IndexPlan) -> Any:
         reads = plan.reads()
@@ -287,34 +287,36 @@ class safe_open:
     def get_slice(self, name: str) -> "SafeSlice":
         """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
         reader = self._open()
-        return SafeSlice(reader, name, reader.file.info(name))
+        if name not in reader.file:
+            reader.file.info(name)  # raises the reference's "File does not contain tensor" error
+        return SafeSlice(reader, name)
 
 
 class SafeSlice:
     """A tensor not read yet: ``get_shape()``, ``get_dtype()``, and ``[index]`` with numpy semantics."""
 
-    __slots__ = ("_reader", "_name", "_info")
+    __slots__ = ("_reader", "_name")
 
-    def __init__(self, reader: _Reader, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> None:
+    def __init__(self, reader: _Reader, name: str) -> None:
         self._reader = reader
         self._name = name
-        self._info = info
 
     def get_shape(self) -> List[int]:
-        return list(self._info[1])
+        return self._reader.file.shape(self._name)
 
     def get_dtype(self) -> str:
-        return self._info[0]
+        return self._reader.file.dtype(self._name)
 
     def __len__(self) -> int:
-        shape = self._info[1]
+        shape = self._reader.file.shape(self._name)
         if not shape:
             raise TypeError("len() of a 0-d tensor")
         return shape[0]
 
     def __getitem__(self, index: Any) -> Any:
-        plan = parse_index(index, len(self._info[1]))
-        return self._reader.adapter.load_slice(self._reader, self._name, self._info[0], plan)
+        code, shape, _, _ = self._reader.file.info(self._name)
+        plan = parse_index(index, len(shape))
+        return self._reader.adapter.load_slice(self._reader, self._name, code, plan)
 
 
 def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> safe_open:

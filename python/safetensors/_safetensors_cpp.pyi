@@ -75,6 +75,12 @@ class File:
         (dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.
         """
 
+    def shape(self, name: str) -> list[int]:
+        """A tensor's shape, as a new list."""
+
+    def dtype(self, name: str) -> str:
+        """A tensor's dtype code, e.g. "F32"."""
+
     def infos(self) -> list[tuple[str, tuple[str, tuple[int, ...], int, int]]]:
         """[(name, (dtype code, shape, begin, end))] in file order."""
 
@@ -91,6 +97,16 @@ class File:
     def dlpack_all(self) -> list[tuple[str, object | None]]:
         """
         [(name, DLPack capsule or None)] for every tensor, in file order (see dlpack).
+        """
+
+    def read_owned_all(self, threads: int = 0) -> list[tuple[str, object | None]]:
+        """
+        [(name, DLPack capsule or None)] for every tensor in file order: each read into new memory the capsule owns (None for dtypes DLPack cannot describe). Reads in parallel with the GIL released.
+        """
+
+    def read_owned(self, name: str) -> object | None:
+        """
+        A tensor read into new memory of its own, as a DLPack capsule that frees it, or None (a dtype DLPack cannot describe). Releases the GIL while reading.
         """
 
     def read_into(self, name: str, ptr: int, nbytes: int, fresh: bool = False) -> None:

@@ -208,11 +208,16 @@ class _Torch(Framework):
         return tensor if device.type == "cpu" else tensor.to(device)
 
     def get_tensor(self, reader: Any, name: str) -> torch.Tensor:
+        # One native call builds the whole tensor (shape and dtype included): a view of the mapping, or new
+        # memory read on the CPU (accelerators take the staged path below).
         if reader.zero_copy:
-            # One native call builds the whole view (shape and dtype included) over the mapping.
             capsule = reader.file.dlpack(name)
-            if capsule is not None:
-                return _from_dlpack(capsule)
+        elif reader.device.type == "cpu":
+            capsule = reader.file.read_owned(name)
+        else:
+            capsule = None
+        if capsule is not None:
+            return _from_dlpack(capsule)
         return super().get_tensor(reader, name)
 
     def load_one(self, reader: Any, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> torch.Tensor:
@@ -226,10 +231,14 @@ class _Torch(Framework):
         return super().load_all(reader, infos)
 
     def get_all(self, reader: Any) -> Dict[str, torch.Tensor]:
-        if not reader.zero_copy:
+        if reader.zero_copy:
+            capsules = reader.file.dlpack_all()
+        elif reader.device.type == "cpu":
+            capsules = reader.file.read_owned_all()
+        else:
             return super().get_all(reader)
         out = {}
-        for name, capsule in reader.file.dlpack_all():
+        for name, capsule in capsules:
             out[name] = _from_dlpack(capsule) if capsule is not None else super().load_one(reader, name, reader.file.info(name))
         return out
 

@@ -13,8 +13,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -204,18 +206,16 @@ void capsule_destructor(PyObject* capsule) {
   }
 }
 
-// A "dltensor" capsule over `t`'s bytes in the mapping, or None when its dtype has no DLPack type.
-nb::object export_view(const File& f, const TensorInfo& t) {
-  const DLDataType type = dlpack_type(t.dtype);
-  if (type.lanes == 0) return nb::none();
+// A "dltensor" capsule over `data` (t's bytes, kept alive by `owner`). REQUIRES: dlpack_type(t.dtype) exists.
+nb::object export_view(const TensorInfo& t, const std::byte* data, std::shared_ptr<const void> owner) {
   auto view = std::make_unique<ExportedView>();
-  view->owner = f.source();
+  view->owner = std::move(owner);
   view->shape.assign(t.shape.begin(), t.shape.end());
   DLTensor& dl = view->managed.dl_tensor;
-  dl.data = const_cast<std::byte*>(f.source()->data() + f.data_offset() + t.begin);
+  dl.data = const_cast<std::byte*>(data);
   dl.device = {1, 0};
   dl.ndim = static_cast<std::int32_t>(view->shape.size());
-  dl.dtype = type;
+  dl.dtype = dlpack_type(t.dtype);
   dl.shape = view->shape.data();
   dl.strides = nullptr;
   dl.byte_offset = 0;
@@ -225,6 +225,21 @@ nb::object export_view(const File& f, const TensorInfo& t) {
   if (capsule == nullptr) throw nb::python_error();
   view.release();  // owned by the capsule, then by the consumer
   return nb::steal(capsule);
+}
+
+// A capsule viewing `t` in the file's writable mapping, or None (no mapping, read-only, or no DLPack type).
+nb::object export_mapped(const File& f, const TensorInfo& t) {
+  if (!f.source()->writable() || dlpack_type(t.dtype).lanes == 0) return nb::none();
+  return export_view(t, f.source()->data() + f.data_offset() + t.begin, f.source());
+}
+
+// Fresh, 64-byte aligned memory of `n` bytes (at least 1) that shared_ptrs free.
+std::shared_ptr<std::byte> owned_buffer(std::uint64_t n) {
+  constexpr std::size_t kAlign = 64;
+  const std::size_t size = static_cast<std::size_t>((std::max<std::uint64_t>(n, 1) + kAlign - 1) / kAlign * kAlign);
+  void* p = std::aligned_alloc(kAlign, size);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -400,6 +415,22 @@ NB_MODULE(_safetensors_cpp, m) {
           nb::sig("def info(self, name: str) -> tuple[str, tuple[int, ...], int, int]"),
           "(dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.")
       .def(
+          "shape",
+          [](const File& f, std::string_view name) {
+            const TensorInfo* t = check(f.info(name));
+            nb::list out;
+            for (std::uint64_t d : t->shape) out.append(d);
+            return out;
+          },
+          "name"_a, nb::sig("def shape(self, name: str) -> list[int]"), "A tensor's shape, as a new list.")
+      .def(
+          "dtype",
+          [](const File& f, std::string_view name) {
+            const std::string_view code = dtype_code(check(f.info(name))->dtype);
+            return nb::str(code.data(), code.size());
+          },
+          "name"_a, "A tensor's dtype code, e.g. \"F32\".")
+      .def(
           "infos",
           [](const File& f) {
             nb::list out;
@@ -425,10 +456,7 @@ NB_MODULE(_safetensors_cpp, m) {
           "The data buffer (everything after the header) as a Buffer, or None on the pread backend.")
       .def(
           "dlpack",
-          [](const File& f, std::string_view name) -> nb::object {
-            if (!f.source()->writable()) return nb::none();
-            return export_view(f, *check(f.info(name)));
-          },
+          [](const File& f, std::string_view name) { return export_mapped(f, *check(f.info(name))); },
           "name"_a, nb::sig("def dlpack(self, name: str) -> object | None"),
           "A DLPack capsule viewing a tensor in the writable mapping (zero-copy, keeps it alive), or None "
           "(pread backend, read-only mapping, or a dtype DLPack cannot describe).")
@@ -436,15 +464,60 @@ NB_MODULE(_safetensors_cpp, m) {
           "dlpack_all",
           [](const File& f) {
             nb::list out;
-            const bool writable = f.source()->writable();
             for (const TensorInfo& t : f.tensors()) {
-              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()),
-                                        writable ? export_view(f, t) : nb::none()));
+              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), export_mapped(f, t)));
             }
             return out;
           },
           nb::sig("def dlpack_all(self) -> list[tuple[str, object | None]]"),
           "[(name, DLPack capsule or None)] for every tensor, in file order (see dlpack).")
+      .def(
+          "read_owned_all",
+          [](const File& f, unsigned threads) {
+            // Every tensor DLPack can describe is read into memory of its own (in parallel, GIL released)
+            // and handed out as a capsule that frees it; the rest come back as None.
+            std::vector<std::shared_ptr<std::byte>> buffers(f.tensors().size());
+            std::vector<ReadRequest> reqs;
+            for (std::size_t i = 0; i < f.tensors().size(); ++i) {
+              const TensorInfo& t = f.tensors()[i];
+              if (dlpack_type(t.dtype).lanes == 0) continue;
+              buffers[i] = owned_buffer(t.nbytes());
+              const std::span<std::byte> dst(buffers[i].get(), static_cast<std::size_t>(t.nbytes()));
+              advise_fresh_destination(dst);
+              if (!dst.empty()) reqs.push_back({&t, dst});
+            }
+            {
+              nb::gil_scoped_release release;
+              check(f.read_many(reqs, threads));
+            }
+            nb::list out;
+            for (std::size_t i = 0; i < f.tensors().size(); ++i) {
+              const TensorInfo& t = f.tensors()[i];
+              nb::object capsule = buffers[i] ? export_view(t, buffers[i].get(), buffers[i]) : nb::none();
+              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), capsule));
+            }
+            return out;
+          },
+          "threads"_a = 0, nb::sig("def read_owned_all(self, threads: int = 0) -> list[tuple[str, object | None]]"),
+          "[(name, DLPack capsule or None)] for every tensor in file order: each read into new memory the "
+          "capsule owns (None for dtypes DLPack cannot describe). Reads in parallel with the GIL released.")
+      .def(
+          "read_owned",
+          [](const File& f, std::string_view name) -> nb::object {
+            const TensorInfo* t = check(f.info(name));
+            if (dlpack_type(t->dtype).lanes == 0) return nb::none();
+            std::shared_ptr<std::byte> buffer = owned_buffer(t->nbytes());
+            {
+              nb::gil_scoped_release release;
+              const std::span<std::byte> dst(buffer.get(), static_cast<std::size_t>(t->nbytes()));
+              advise_fresh_destination(dst);
+              check(f.read_into(*t, dst));
+            }
+            return export_view(*t, buffer.get(), buffer);
+          },
+          "name"_a, nb::sig("def read_owned(self, name: str) -> object | None"),
+          "A tensor read into new memory of its own, as a DLPack capsule that frees it, or None (a dtype DLPack "
+          "cannot describe). Releases the GIL while reading.")
       .def(
           "read_into",
           [](const File& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes, bool fresh) {
