@@ -408,6 +408,28 @@ def serialize_file(
     _cpp.serialize_file(_specs(tensor_dict), _fspath(filename), _metadata(metadata), fsync)
 
 
+Flattened = Tuple[List[tuple], List[Any]]
+
+
+def serialize_flat(flat: Flattened, metadata: Optional[Mapping[str, str]]) -> bytes:
+    """The bytes of a file from ``(specs, keep_alive)`` as a framework's ``_flatten`` makes them: specs of
+    ``(name, code, shape, data_ptr, data_len)``, and the objects that keep those pointers valid meanwhile."""
+    specs, keep_alive = flat
+    return _cpp.serialize(specs, _metadata(metadata))
+
+
+def serialize_flat_file(flat: Flattened, filename: PathLike, metadata: Optional[Mapping[str, str]], fsync: bool) -> None:
+    """Writes ``(specs, keep_alive)`` (see serialize_flat) to ``filename`` atomically."""
+    specs, keep_alive = flat
+    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
+
+
+def load_file_as(framework: str, filename: PathLike, device: Any = "cpu", backend: str = "mmap") -> Dict[str, Any]:
+    """Every tensor of ``filename`` for ``framework``: the body of each module's ``load_file``."""
+    with safe_open(filename, framework=framework, device=device, backend=backend) as f:
+        return f.get_tensors()
+
+
 def deserialize(bytes: Union[bytes, bytearray, memoryview]) -> List[Tuple[str, Dict[str, Any]]]:
     """Parses and validates the bytes of a file: ``[(name, {"dtype", "shape", "data": bytearray})]`` in file
     order."""

@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _safetensors_cpp as _cpp
-from ._core import PathLike, SafetensorError, _fspath, _metadata, open_bytes, safe_open
+from ._core import load_file_as, open_bytes, PathLike, SafetensorError, serialize_flat, serialize_flat_file
+# Names the reference's module also offers (other projects import them from here).
+from ._core import safe_open  # noqa: F401
+from . import numpy  # noqa: F401
 from .numpy import _Numpy, _flatten
 
 __all__ = ["save", "save_file", "load", "load_file"]
@@ -62,10 +64,7 @@ def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
 
 def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors``."""
-    specs, keep_alive = _flatten(_to_numpy(tensors))
-    out = _cpp.serialize(specs, _metadata(metadata))
-    del keep_alive
-    return out
+    return serialize_flat(_flatten(_to_numpy(tensors)), metadata)
 
 
 def save_file(
@@ -76,9 +75,7 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensors`` to ``filename`` atomically."""
-    specs, keep_alive = _flatten(_to_numpy(tensors))
-    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
-    del keep_alive
+    serialize_flat_file(_flatten(_to_numpy(tensors)), filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:
@@ -88,5 +85,4 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, jax.Array]:
     """Every tensor of ``filename``."""
-    with safe_open(filename, framework="flax", backend=backend) as f:
-        return f.get_tensors()
+    return load_file_as("flax", filename, "cpu", backend)

@@ -9,8 +9,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _safetensors_cpp as _cpp
-from ._core import DTYPES, Framework, PathLike, SafetensorError, _fspath, _metadata, open_bytes, safe_open
+from ._core import DTYPES, Framework, load_file_as, open_bytes, PathLike, SafetensorError, serialize_flat, serialize_flat_file
+# Names the reference's module also offers (other projects import them from here).
+from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -142,10 +143,7 @@ def _flatten(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], List[np.n
 
 def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensor_dict``."""
-    specs, keep_alive = _flatten(tensor_dict)
-    out = _cpp.serialize(specs, _metadata(metadata))
-    del keep_alive
-    return out
+    return serialize_flat(_flatten(tensor_dict), metadata)
 
 
 def save_file(
@@ -156,9 +154,7 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensor_dict`` to ``filename`` atomically."""
-    specs, keep_alive = _flatten(tensor_dict)
-    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
-    del keep_alive
+    serialize_flat_file(_flatten(tensor_dict), filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, np.ndarray]:
@@ -168,5 +164,4 @@ def load(data: bytes) -> Dict[str, np.ndarray]:
 
 def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, np.ndarray]:
     """Every tensor of ``filename``. With ``backend="mmap"`` arrays are zero-copy views of the file."""
-    with safe_open(filename, framework="np", backend=backend) as f:
-        return f.get_tensors()
+    return load_file_as("np", filename, "cpu", backend)

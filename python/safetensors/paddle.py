@@ -21,8 +21,10 @@ import numpy as np
 import paddle
 from paddle.utils.dlpack import from_dlpack
 
-from . import _safetensors_cpp as _cpp
-from ._core import DTYPES, PathLike, SafetensorError, _fspath, _metadata, _Reader, open_bytes, safe_open
+from ._core import DTYPES, load_file_as, open_bytes, PathLike, _Reader, SafetensorError, serialize_flat, serialize_flat_file
+# Names the reference's module also offers (other projects import them from here).
+from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
+from . import numpy  # noqa: F401
 from ._devices import _split_index
 from .numpy import _CODES as _NUMPY_CODES
 from .numpy import _Numpy
@@ -222,10 +224,7 @@ def _flatten(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List[paddl
 
 def save(tensors: Dict[str, paddle.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors``."""
-    specs, keep_alive = _flatten(tensors)
-    out = _cpp.serialize(specs, _metadata(metadata))
-    del keep_alive
-    return out
+    return serialize_flat(_flatten(tensors), metadata)
 
 
 def save_file(
@@ -236,9 +235,7 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
-    specs, keep_alive = _flatten(tensors)
-    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
-    del keep_alive
+    serialize_flat_file(_flatten(tensors), filename, metadata, fsync)
 
 
 # -- loading -----------------------------------------------------------------------------------------------
@@ -253,5 +250,4 @@ def load_file(
     filename: PathLike, device: Union[str, int, Any] = "cpu", *, backend: str = "mmap"
 ) -> Dict[str, paddle.Tensor]:
     """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
-    with safe_open(filename, framework="paddle", device=device, backend=backend) as f:
-        return f.get_tensors()
+    return load_file_as("paddle", filename, device, backend)

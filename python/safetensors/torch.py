@@ -10,8 +10,9 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from ._core import DTYPES, Framework, PathLike, SafetensorError, _fspath, _metadata, open_bytes, safe_open
-from . import _safetensors_cpp as _cpp
+from ._core import DTYPES, Framework, load_file_as, open_bytes, PathLike, SafetensorError, serialize_flat, serialize_flat_file
+# Names the reference's module also offers (other projects import them from here).
+from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 from ._devices import resolve_torch_device
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
@@ -422,10 +423,7 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
 
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors``."""
-    specs, keep_alive = _flatten(tensors)
-    out = _cpp.serialize(specs, _metadata(metadata))
-    del keep_alive
-    return out
+    return serialize_flat(_flatten(tensors), metadata)
 
 
 def save_file(
@@ -436,17 +434,14 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
-    specs, keep_alive = _flatten(tensors)
-    _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
-    del keep_alive
+    serialize_flat_file(_flatten(tensors), filename, metadata, fsync)
 
 
 # -- loading -----------------------------------------------------------------------------------------------
 
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *, backend: str = "mmap") -> Dict[str, torch.Tensor]:
     """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
-    with safe_open(filename, framework="pt", device=device, backend=backend) as f:
-        return f.get_tensors()
+    return load_file_as("pt", filename, device, backend)
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:

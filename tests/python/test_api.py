@@ -334,3 +334,13 @@ def test_gil_released_during_reads_and_writes(tmp_path):
 
 def test_version():
     assert safetensors.__version__.startswith("0.8.0+cpp.")
+
+
+def test_framework_modules_offer_the_names_the_references_import():
+    # Other projects import these from the framework modules (paddle: `from safetensors.numpy import safe_open`).
+    import safetensors.numpy
+    import safetensors.torch
+
+    for module in (safetensors.numpy, safetensors.torch):
+        for name in ("TensorSpec", "deserialize", "safe_open", "serialize", "serialize_file"):
+            assert getattr(module, name) is getattr(safetensors, name), (module.__name__, name)
