@@ -245,6 +245,30 @@ std::shared_ptr<std::byte> owned_buffer(std::uint64_t n) {
 // ---------------------------------------------------------------------------------------------------------
 // Conversions
 
+// A Python str of UTF-8 `s` (validated when the header was parsed). ASCII, the common case for tensor names,
+// is copied straight into a compact string without decoding.
+nb::str make_str(std::string_view s) {
+  bool ascii = true;
+  for (char c : s) ascii &= static_cast<unsigned char>(c) < 0x80;
+  if (!ascii) return nb::str(s.data(), s.size());
+  PyObject* out = PyUnicode_New(static_cast<Py_ssize_t>(s.size()), 127);
+  if (out == nullptr) throw nb::python_error();
+  std::memcpy(PyUnicode_1BYTE_DATA(out), s.data(), s.size());
+  return nb::steal<nb::str>(out);
+}
+
+// A list of n items from make_item(i), filled in place.
+template <typename MakeItem>
+nb::list make_list(std::size_t n, MakeItem&& make_item) {
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(n));
+  if (out == nullptr) throw nb::python_error();
+  nb::list list = nb::steal<nb::list>(out);
+  for (std::size_t i = 0; i < n; ++i) {
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), make_item(i).release().ptr());
+  }
+  return list;
+}
+
 Backend parse_backend(const std::string& name) {
   if (name == "mmap") return Backend::kMmap;
   if (name == "pread") return Backend::kPread;
@@ -388,17 +412,13 @@ NB_MODULE(_safetensors_cpp, m) {
           "keys",
           [](const File& f) {
             std::vector<std::string_view> k = f.keys();
-            nb::list out;
-            for (std::string_view s : k) out.append(nb::str(s.data(), s.size()));
-            return out;
+            return make_list(k.size(), [&](std::size_t i) { return make_str(k[i]); });
           },
           nb::sig("def keys(self) -> list[str]"), "Tensor names sorted.")
       .def(
           "offset_keys",
           [](const File& f) {
-            nb::list out;
-            for (const TensorInfo& t : f.tensors()) out.append(nb::str(t.name.data(), t.name.size()));
-            return out;
+            return make_list(f.tensors().size(), [&](std::size_t i) { return make_str(f.tensors()[i].name); });
           },
           nb::sig("def offset_keys(self) -> list[str]"), "Tensor names in file (offset) order.")
       .def(
@@ -435,7 +455,7 @@ NB_MODULE(_safetensors_cpp, m) {
           [](const File& f) {
             nb::list out;
             for (const TensorInfo& t : f.tensors()) {
-              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), info_tuple(t)));
+              out.append(nb::make_tuple(make_str(t.name), info_tuple(t)));
             }
             return out;
           },
@@ -465,7 +485,7 @@ NB_MODULE(_safetensors_cpp, m) {
           [](const File& f) {
             nb::list out;
             for (const TensorInfo& t : f.tensors()) {
-              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), export_mapped(f, t)));
+              out.append(nb::make_tuple(make_str(t.name), export_mapped(f, t)));
             }
             return out;
           },
@@ -494,7 +514,7 @@ NB_MODULE(_safetensors_cpp, m) {
             for (std::size_t i = 0; i < f.tensors().size(); ++i) {
               const TensorInfo& t = f.tensors()[i];
               nb::object capsule = buffers[i] ? export_view(t, buffers[i].get(), buffers[i]) : nb::none();
-              out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), capsule));
+              out.append(nb::make_tuple(make_str(t.name), capsule));
             }
             return out;
           },
