@@ -157,11 +157,18 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   const Source& src = *state_->source;
   const std::uint64_t base = data_offset() + tensor.begin;
   if (const std::byte* mem = src.data()) {
-    plan.for_each_run([&](const SliceRun& r) {
-      std::memcpy(dst.data() + r.dest_offset, mem + base + r.source_offset, r.length);
-      return true;
+    // Large slices are copied by a few threads, each walking its own range of runs (page faults on the
+    // mapping and the copies both parallelize).
+    const std::uint64_t runs_per_piece = std::max<std::uint64_t>(1, kReadChunk / std::max<std::uint64_t>(1, plan.run_length()));
+    const std::uint64_t pieces = (plan.run_count() + runs_per_piece - 1) / runs_per_piece;
+    return internal::run_parallel(pieces, internal::default_threads(plan.nbytes(), kReadChunk), [&](std::size_t i) {
+      const std::uint64_t first = i * runs_per_piece;
+      plan.for_each_run(first, std::min(runs_per_piece, plan.run_count() - first), [&](const SliceRun& r) {
+        std::memcpy(dst.data() + r.dest_offset, mem + base + r.source_offset, r.length);
+        return true;
+      });
+      return ok_status();
     });
-    return ok_status();
   }
 
   // Positional reads: a run goes straight into dst; runs that lie close together in the source are read as

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -81,7 +82,13 @@ class SAFETENSORS_EXPORT SlicePlan {
   // Calls fn(const SliceRun&) for every run in result order; stops early and returns false when fn returns
   // false.
   template <typename Fn>
-  bool for_each_run(Fn&& fn) const;
+  bool for_each_run(Fn&& fn) const {
+    return for_each_run(0, run_count_, std::forward<Fn>(fn));
+  }
+  // The same for runs [first, first + count) only (so disjoint ranges can be walked by different threads).
+  // REQUIRES: first + count <= run_count().
+  template <typename Fn>
+  bool for_each_run(std::uint64_t first, std::uint64_t count, Fn&& fn) const;
 
  private:
   // One iterated axis of the run walk: `count` positions, `step_bytes` apart (negative for reversed axes).
@@ -103,15 +110,22 @@ class SAFETENSORS_EXPORT SlicePlan {
 };
 
 template <typename Fn>
-bool SlicePlan::for_each_run(Fn&& fn) const {
-  if (run_count_ == 0) return true;
+bool SlicePlan::for_each_run(std::uint64_t first, std::uint64_t count, Fn&& fn) const {
+  if (count == 0) return true;
   const std::size_t n = axes_.size();
+  // The run index is a mixed-radix number over the walked axes (the last axis varies fastest).
   std::vector<std::uint64_t> pos(n, 0);
   // The source offset is kept as a wrapping unsigned sum; every value it takes at a visited run is a valid
   // offset inside the tensor (make() checked the extremes), so intermediate wrap-around is harmless.
   std::uint64_t src = base_;
-  std::uint64_t dst = 0;
-  for (std::uint64_t r = 0; r < run_count_; ++r) {
+  std::uint64_t index = first;
+  for (std::size_t a = n; a-- > 0;) {
+    pos[a] = index % axes_[a].count;
+    index /= axes_[a].count;
+    src += static_cast<std::uint64_t>(axes_[a].step_bytes) * pos[a];
+  }
+  std::uint64_t dst = first * run_bytes_;
+  for (std::uint64_t r = 0; r < count; ++r) {
     if (!fn(SliceRun{src, dst, run_bytes_})) return false;
     dst += run_bytes_;
     for (std::size_t a = n; a-- > 0;) {

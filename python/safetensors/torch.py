@@ -80,6 +80,7 @@ class _StagingRing:
     _STAGING_BUFFERS x _STAGING_BYTES whatever the model size, and the device receives only the tensors."""
 
     def __init__(self, device_type: str) -> None:
+        module = torch.get_device_module(device_type)
         self.pinned = True
         self.buffers: List[torch.Tensor] = []
         for _ in range(_STAGING_BUFFERS):
@@ -89,7 +90,8 @@ class _StagingRing:
                 buffer = torch.empty(_STAGING_BYTES, dtype=torch.uint8, device="cpu")
                 self.pinned = False
             self.buffers.append(buffer)
-        self.event_type = getattr(torch.get_device_module(device_type), "Event", None)
+        self.event_type = getattr(module, "Event", None)
+        self.current_stream = getattr(module, "current_stream", None)
         self.events: List[Any] = [None] * _STAGING_BUFFERS
 
     def _wait(self, i: int) -> None:
@@ -97,9 +99,10 @@ class _StagingRing:
             self.events[i].synchronize()
             self.events[i] = None
 
-    def load(self, file: Any, jobs: List[Tuple[torch.Tensor, int, int]]) -> None:
-        """Fills each destination byte view with data-buffer bytes [begin, end), for jobs in file order
-        (adjacent ranges, as validation guarantees, so a buffer holds a run of consecutive tensors)."""
+    def load(self, file: Any, jobs: List[Tuple[torch.Tensor, int, int]], device: torch.device) -> None:
+        """Fills each destination byte view (on ``device``) with data-buffer bytes [begin, end), for jobs in
+        file order (adjacent ranges, as validation guarantees, so a buffer holds a run of consecutive
+        tensors)."""
         current = 0
         used = 0
         start = jobs[0][1] if jobs else 0
@@ -115,8 +118,10 @@ class _StagingRing:
             for dst, dst_off, buf_off, n in copies:
                 dst[dst_off : dst_off + n].copy_(buffer[buf_off : buf_off + n], non_blocking=self.pinned)
             if self.event_type is not None:
+                # The copies run on the destination device's current stream, which is not the current
+                # device's when loading to another index: record there.
                 event = self.event_type()
-                event.record()
+                event.record(self.current_stream(device) if self.current_stream is not None else None)
                 self.events[current] = event
             current = (current + 1) % len(self.buffers)
             used = 0
@@ -159,7 +164,7 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
     if ring is None:
         ring = _StagingRing(device.type)
     try:
-        ring.load(file, jobs)
+        ring.load(file, jobs, device)
     finally:
         with _RINGS_LOCK:
             _RINGS[device.type].append(ring)

@@ -308,3 +308,64 @@ TEST(SliceTest, ReadsOnlyTheBytesItNeeds) {
 
 }  // namespace
 }  // namespace safetensors
+
+namespace safetensors {
+namespace {
+
+// for_each_run(first, count) visits exactly the runs the whole walk visits at those positions.
+TEST(SliceTest, RangesOfRunsMatchTheWholeWalk) {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 500; ++trial) {
+    Shape shape(1 + rng() % 4);
+    for (auto& d : shape) d = 1 + rng() % 6;
+    std::vector<SliceIndex> ix;
+    for (std::size_t a = 0; a < shape.size(); ++a) ix.push_back(random_index(rng, static_cast<std::int64_t>(shape[a])));
+    auto p = plan(shape, ix, Dtype::kI16);
+    ASSERT_ST_OK(p);
+    std::vector<SliceRun> all;
+    p->for_each_run([&](const SliceRun& r) {
+      all.push_back(r);
+      return true;
+    });
+    ASSERT_EQ(all.size(), p->run_count());
+    if (all.empty()) continue;
+    const std::uint64_t first = rng() % all.size();
+    const std::uint64_t count = rng() % (all.size() - first + 1);
+    std::uint64_t k = first;
+    p->for_each_run(first, count, [&](const SliceRun& r) {
+      EXPECT_EQ(r.source_offset, all[k].source_offset) << trial;
+      EXPECT_EQ(r.dest_offset, all[k].dest_offset) << trial;
+      ++k;
+      return true;
+    });
+    EXPECT_EQ(k, first + count);
+  }
+}
+
+// A slice large enough to be copied by several threads gives the same bytes as the sequential walk.
+TEST(SliceTest, ParallelCopyOfALargeSliceMatchesTheSequentialWalk) {
+  const std::uint64_t rows = 8192, cols = 4096;
+  std::vector<std::byte> data = test::random_bytes(rows * cols, 21);
+  std::vector<TensorData> td = {{"t", Dtype::kU8, {rows, cols}, data}};
+  auto bytes = serialize(td);
+  ASSERT_ST_OK(bytes);
+  auto owner = std::make_shared<std::vector<std::byte>>(std::move(*bytes));
+  auto f = File::open(memory_source(*owner, owner));
+  ASSERT_ST_OK(f);
+  const TensorInfo& info = f->tensors()[0];
+  std::vector<SliceIndex> ix = {S::range(std::nullopt, std::nullopt, -1), S::range(1, std::nullopt, 2)};
+  auto p = f->plan_slice(info, ix);
+  ASSERT_ST_OK(p);
+  ASSERT_GT(p->run_count(), 8u << 20);  // more runs than one piece holds
+  std::vector<std::byte> got(p->nbytes()), expected(p->nbytes());
+  ASSERT_ST_OK(f->read_slice(info, *p, got));
+  p->for_each_run([&](const SliceRun& r) {
+    std::memcpy(expected.data() + r.dest_offset, data.data() + r.source_offset, r.length);
+    return true;
+  });
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got[0], data[(rows - 1) * cols + 1]);
+}
+
+}  // namespace
+}  // namespace safetensors
