@@ -704,6 +704,17 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
                            f"runs at {gbps(ref) / gbps(c):.0%} of this machine's "
                            f"{'pwrite + fsync' if sync == 'fsync' else 'pwrite'} ceiling ({gbps(c):.2f} GB/s): 1.5x "
                            "the reference is above the ceiling here.")
+    # Slicing into new torch tensors pays at least the first touch of the slices' pages.
+    size = cfg["slice_size"]
+    ref, touch = res.get(f"6/{size}/mmap/ref"), res.get(f"C/touch/{size}")
+    if ref and touch and ref.get("bytes"):
+        floor = ref["bytes"] / (gbps(touch) * 1e9)
+        if median(ref) / 2 < floor:
+            out.append(f"2x the reference's mmap slicing ({size_name(size)}) would take {fmt_time(median(ref) / 2)}; "
+                       f"only the first touch of the {ref['bytes'] / MiB:.0f} MiB of new tensors it returns takes "
+                       f"{fmt_time(floor)} at this machine's first-touch ceiling ({gbps(touch):.2f} GB/s), before "
+                       "any byte of the mapping is read, so a loader that returns new torch tensors (4 KiB pages, "
+                       "as torch.empty allocates them) cannot reach 2x here.")
     return out
 
 

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "checked.h"
@@ -32,6 +34,9 @@ constexpr std::uint64_t kCoalesceGap = 4096;
 constexpr std::uint64_t kCoalesceSpan = 8u << 20;
 // read_many splits work into pieces of at most this many bytes.
 constexpr std::uint64_t kReadChunk = 8u << 20;
+// read_slice splits its runs into pieces that cover about this many bytes of the source: small enough that
+// two or more threads stay balanced on one tensor.
+constexpr std::uint64_t kSlicePiece = 1u << 20;
 
 }  // namespace
 
@@ -156,14 +161,41 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   }
   const Source& src = *state_->source;
   const std::uint64_t base = data_offset() + tensor.begin;
+  // The runs are split into pieces of consecutive runs that cover about kSlicePiece bytes of the source
+  // each; slices over a large span are read by a few threads, a piece at a time (a column slice touches
+  // every page of the tensor, so the page faults or reads and the copies all parallelize).
+  const std::uint64_t span = plan.source_end() - plan.source_begin();
+  const std::uint64_t span_per_run =
+      std::max<std::uint64_t>({1, plan.run_length(), plan.run_count() ? span / plan.run_count() : 0});
+  const std::uint64_t runs_per_piece = std::max<std::uint64_t>(1, kSlicePiece / span_per_run);
+  const std::uint64_t pieces = (plan.run_count() + runs_per_piece - 1) / runs_per_piece;
+  const unsigned threads = span >= 2 * kSlicePiece ? internal::default_threads(span, kSlicePiece) : 1;
+  if (plan.run_length() > kReadChunk) {
+    // Long runs (a block of rows) are split into kReadChunk pieces of their own: one run can be most of
+    // the slice.
+    const std::uint64_t per_run = (plan.run_length() + kReadChunk - 1) / kReadChunk;
+    return internal::run_parallel(plan.run_count() * per_run, internal::default_threads(plan.nbytes(), kReadChunk),
+                                  [&](std::size_t i) -> Status {
+                                    Status status;
+                                    plan.for_each_run(i / per_run, 1, [&](const SliceRun& r) {
+                                      const std::uint64_t off = (i % per_run) * kReadChunk;
+                                      const std::uint64_t len = std::min(kReadChunk, r.length - off);
+                                      std::span<std::byte> out = dst.subspan(r.dest_offset + off, len);
+                                      status = read_exact(src, base + r.source_offset + off, out);
+                                      return status.ok();
+                                    });
+                                    return status;
+                                  });
+  }
+  auto piece_runs = [&](std::size_t i) {
+    const std::uint64_t first = i * runs_per_piece;
+    return std::pair{first, std::min(runs_per_piece, plan.run_count() - first)};
+  };
+
   if (const std::byte* mem = src.data()) {
-    // Large slices are copied by a few threads, each walking its own range of runs (page faults on the
-    // mapping and the copies both parallelize).
-    const std::uint64_t runs_per_piece = std::max<std::uint64_t>(1, kReadChunk / std::max<std::uint64_t>(1, plan.run_length()));
-    const std::uint64_t pieces = (plan.run_count() + runs_per_piece - 1) / runs_per_piece;
-    return internal::run_parallel(pieces, internal::default_threads(plan.nbytes(), kReadChunk), [&](std::size_t i) {
-      const std::uint64_t first = i * runs_per_piece;
-      plan.for_each_run(first, std::min(runs_per_piece, plan.run_count() - first), [&](const SliceRun& r) {
+    return internal::run_parallel(pieces, threads, [&](std::size_t i) {
+      const auto [first, count] = piece_runs(i);
+      plan.for_each_run(first, count, [&](const SliceRun& r) {
         std::memcpy(dst.data() + r.dest_offset, mem + base + r.source_offset, r.length);
         return true;
       });
@@ -171,49 +203,57 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
     });
   }
 
-  // Positional reads: a run goes straight into dst; runs that lie close together in the source are read as
-  // one span into scratch memory and scattered, so many small runs do not cost one syscall each.
-  std::vector<SliceRun> group;
-  std::vector<std::byte> scratch;
-  std::uint64_t lo = 0, hi = 0;
-  Status status;
-  auto flush = [&]() -> Status {
-    if (group.empty()) return ok_status();
-    if (group.size() == 1) {
-      const SliceRun& r = group.front();
-      SAFETENSORS_RETURN_IF_ERROR(read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length)));
-    } else {
-      scratch.resize(hi - lo);
-      SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, src.read(base + lo, scratch));
-      for (const SliceRun& r : group) {
-        std::memcpy(dst.data() + r.dest_offset, bytes.data() + (r.source_offset - lo), r.length);
+  // Positional reads: a run goes straight into dst; runs of a piece that lie close together in the source
+  // are read as one span into the piece's scratch memory and scattered, so many small runs do not cost one
+  // syscall each.
+  return internal::run_parallel(pieces, threads, [&](std::size_t i) -> Status {
+    std::vector<SliceRun> group;
+    std::unique_ptr<std::byte[]> scratch;
+    std::uint64_t scratch_size = 0;
+    std::uint64_t lo = 0, hi = 0;
+    Status status;
+    auto flush = [&]() -> Status {
+      if (group.empty()) return ok_status();
+      if (group.size() == 1) {
+        const SliceRun& r = group.front();
+        SAFETENSORS_RETURN_IF_ERROR(read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length)));
+      } else {
+        if (scratch_size < hi - lo) {
+          scratch_size = hi - lo;
+          scratch = std::make_unique_for_overwrite<std::byte[]>(scratch_size);
+        }
+        SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, src.read(base + lo, std::span(scratch.get(), hi - lo)));
+        for (const SliceRun& r : group) {
+          std::memcpy(dst.data() + r.dest_offset, bytes.data() + (r.source_offset - lo), r.length);
+        }
       }
-    }
-    group.clear();
-    return ok_status();
-  };
-  plan.for_each_run([&](const SliceRun& r) {
-    const std::uint64_t r_end = r.source_offset + r.length;
-    if (!group.empty()) {
-      const std::uint64_t new_lo = std::min(lo, r.source_offset);
-      const std::uint64_t new_hi = std::max(hi, r_end);
-      const bool near = r.source_offset <= hi + kCoalesceGap && r_end + kCoalesceGap >= lo;
-      if (near && new_hi - new_lo <= kCoalesceSpan) {
-        lo = new_lo;
-        hi = new_hi;
-        group.push_back(r);
-        return true;
+      group.clear();
+      return ok_status();
+    };
+    const auto [first, count] = piece_runs(i);
+    plan.for_each_run(first, count, [&](const SliceRun& r) {
+      const std::uint64_t r_end = r.source_offset + r.length;
+      if (!group.empty()) {
+        const std::uint64_t new_lo = std::min(lo, r.source_offset);
+        const std::uint64_t new_hi = std::max(hi, r_end);
+        const bool near = r.source_offset <= hi + kCoalesceGap && r_end + kCoalesceGap >= lo;
+        if (near && new_hi - new_lo <= kCoalesceSpan) {
+          lo = new_lo;
+          hi = new_hi;
+          group.push_back(r);
+          return true;
+        }
+        status = flush();
+        if (!status.ok()) return false;
       }
-      status = flush();
-      if (!status.ok()) return false;
-    }
-    lo = r.source_offset;
-    hi = r_end;
-    group.push_back(r);
-    return true;
+      lo = r.source_offset;
+      hi = r_end;
+      group.push_back(r);
+      return true;
+    });
+    if (!status.ok()) return status;
+    return flush();
   });
-  if (!status.ok()) return status;
-  return flush();
 }
 
 namespace {

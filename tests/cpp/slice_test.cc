@@ -342,29 +342,49 @@ TEST(SliceTest, RangesOfRunsMatchTheWholeWalk) {
   }
 }
 
-// A slice large enough to be copied by several threads gives the same bytes as the sequential walk.
-TEST(SliceTest, ParallelCopyOfALargeSliceMatchesTheSequentialWalk) {
+// Slices large enough to be read by several threads (a strided walk with more runs than a piece holds, a
+// narrow column band, a block of rows longer than one read chunk) give the same bytes as the sequential
+// walk, through the mapping and through positional reads.
+TEST(SliceTest, ParallelReadsOfLargeSlicesMatchTheSequentialWalk) {
   const std::uint64_t rows = 8192, cols = 4096;
   std::vector<std::byte> data = test::random_bytes(rows * cols, 21);
   std::vector<TensorData> td = {{"t", Dtype::kU8, {rows, cols}, data}};
   auto bytes = serialize(td);
   ASSERT_ST_OK(bytes);
   auto owner = std::make_shared<std::vector<std::byte>>(std::move(*bytes));
+  const std::vector<std::vector<SliceIndex>> specs = {
+      {S::range(std::nullopt, std::nullopt, -1), S::range(1, std::nullopt, 2)},
+      {S::all(), S::range(512, 1024)},
+      {S::range(100, 8000)},
+  };
+  for (const bool mapped : {true, false}) {
+    auto source = std::make_shared<testing::FaultySource>(memory_source(*owner, owner));
+    source->hide_mapping = !mapped;
+    auto f = File::open(source);
+    ASSERT_ST_OK(f);
+    const TensorInfo& info = f->tensors()[0];
+    for (std::size_t k = 0; k < specs.size(); ++k) {
+      SCOPED_TRACE(::testing::Message() << "mapped=" << mapped << " spec " << k);
+      auto p = f->plan_slice(info, specs[k]);
+      ASSERT_ST_OK(p);
+      std::vector<std::byte> got(p->nbytes()), expected(p->nbytes());
+      ASSERT_ST_OK(f->read_slice(info, *p, got));
+      p->for_each_run([&](const SliceRun& r) {
+        std::memcpy(expected.data() + r.dest_offset, data.data() + r.source_offset, r.length);
+        return true;
+      });
+      EXPECT_EQ(got, expected);
+    }
+  }
   auto f = File::open(memory_source(*owner, owner));
   ASSERT_ST_OK(f);
-  const TensorInfo& info = f->tensors()[0];
-  std::vector<SliceIndex> ix = {S::range(std::nullopt, std::nullopt, -1), S::range(1, std::nullopt, 2)};
-  auto p = f->plan_slice(info, ix);
-  ASSERT_ST_OK(p);
-  ASSERT_GT(p->run_count(), 8u << 20);  // more runs than one piece holds
-  std::vector<std::byte> got(p->nbytes()), expected(p->nbytes());
-  ASSERT_ST_OK(f->read_slice(info, *p, got));
-  p->for_each_run([&](const SliceRun& r) {
-    std::memcpy(expected.data() + r.dest_offset, data.data() + r.source_offset, r.length);
-    return true;
-  });
-  EXPECT_EQ(got, expected);
-  EXPECT_EQ(got[0], data[(rows - 1) * cols + 1]);
+  auto strided = f->plan_slice(f->tensors()[0], specs[0]);
+  ASSERT_ST_OK(strided);
+  EXPECT_GT(strided->run_count(), 8u << 20);  // more runs than one piece holds
+  auto block = f->plan_slice(f->tensors()[0], specs[2]);
+  ASSERT_ST_OK(block);
+  EXPECT_EQ(block->run_count(), 1u);
+  EXPECT_GT(block->run_length(), 8u << 20);  // longer than one read chunk
 }
 
 }  // namespace
