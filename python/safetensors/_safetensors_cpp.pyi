@@ -109,6 +109,11 @@ class File:
         A tensor read into new memory of its own, as a DLPack capsule that frees it, or None (a dtype DLPack cannot describe). Releases the GIL while reading.
         """
 
+    def read_bytes(self, name: str) -> bytearray:
+        """
+        A tensor's bytes, read into a new bytearray. Releases the GIL while reading.
+        """
+
     def read_into(self, name: str, ptr: int, nbytes: int, fresh: bool = False) -> None:
         """
         Reads a tensor's bytes to the address ptr (nbytes must equal its size). fresh=True: the destination is a new allocation the caller owns, filled faster with huge pages. Releases the GIL.

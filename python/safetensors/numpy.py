@@ -90,8 +90,30 @@ def _pack(array: np.ndarray, code: str) -> np.ndarray:
     return out.reshape(-1)
 
 
+#: Codes stored one element per whole number of bytes, with their numpy dtype (the packed codes excluded).
+_WHOLE: Dict[str, np.dtype] = {code: dtype for code, dtype in _TYPES.items() if code not in _PACKED_BITS}
+#: pread get_tensor reads tensors up to this size into a new bytearray (one native call, no ctypes); larger
+#: ones into np.empty, which asks for huge pages.
+_SMALL_READ = 1 << 20
+
+
 class _Numpy(Framework):
     name = "numpy"
+
+    def get_tensor(self, reader: Any, name: str) -> np.ndarray:
+        # One array constructor over the mapping (mmap), or over a bytearray one native call filled (small
+        # tensors, pread): the per-tensor cost of a file with many small tensors.
+        info = reader.file.info(name)
+        code, shape, begin, end = info
+        dtype = _WHOLE.get(code)
+        if dtype is not None:
+            if reader.zero_copy:
+                mv = reader.memoryview()
+                if mv is not None:
+                    return np.ndarray(shape, dtype, mv, begin)
+            elif end - begin <= _SMALL_READ:
+                return np.ndarray(shape, dtype, reader.file.read_bytes(name))
+        return self.load_one(reader, name, info)
 
     def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
         if code in _PACKED_BITS:

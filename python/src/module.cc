@@ -539,6 +539,23 @@ NB_MODULE(_safetensors_cpp, m) {
           "A tensor read into new memory of its own, as a DLPack capsule that frees it, or None (a dtype DLPack "
           "cannot describe). Releases the GIL while reading.")
       .def(
+          "read_bytes",
+          [](const File& f, std::string_view name) {
+            const TensorInfo* t = check(f.info(name));
+            const auto size = static_cast<Py_ssize_t>(t->nbytes());  // the file was validated: it fits
+            nb::object out = nb::steal(PyByteArray_FromStringAndSize(nullptr, size));
+            if (!out.is_valid()) throw nb::python_error();
+            const std::span<std::byte> dst(reinterpret_cast<std::byte*>(PyByteArray_AS_STRING(out.ptr())),
+                                           static_cast<std::size_t>(size));
+            {
+              nb::gil_scoped_release release;
+              check(f.read_into(*t, dst));
+            }
+            return out;
+          },
+          "name"_a, nb::sig("def read_bytes(self, name: str) -> bytearray"),
+          "A tensor's bytes, read into a new bytearray. Releases the GIL while reading.")
+      .def(
           "read_into",
           [](const File& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes, bool fresh) {
             if (fresh) advise_fresh_destination(dest(ptr, nbytes));

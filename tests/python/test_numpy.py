@@ -54,6 +54,33 @@ def test_round_trip_every_dtype(tmp_path, backend):
             assert same(source[name], value), name
 
 
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_get_tensor_every_dtype_small_and_large(tmp_path, backend):
+    # get_tensor builds arrays on its own fast paths (an array over the mapping; a bytearray read for small
+    # pread tensors, np.empty above sn._SMALL_READ): every dtype, empty, scalar and large tensors.
+    tensors = {}
+    for i, (code, dtype) in enumerate(sn._TYPES.items()):
+        tensors[f"{code}.m"] = make(dtype, (4, 8), i)
+        tensors[f"{code}.e"] = make(dtype, (0, 3), i)
+        if code not in ("F4", "F6_E2M3", "F6_E3M2"):
+            tensors[f"{code}.s"] = make(dtype, (), i)
+    tensors["big"] = make(np.dtype(np.float32), (sn._SMALL_READ // 4 + 3, 2), 7)
+    path = tmp_path / "all.safetensors"
+    save_file(tensors, path)
+    before = path.read_bytes()
+    with safe_open(path, "np", backend=backend) as f:
+        for name, value in tensors.items():
+            got = f.get_tensor(name)
+            assert same(got, value), name
+            assert got.flags.writeable, name
+            if got.size and backend == "pread":
+                got.reshape(-1).view(np.uint8)[0] ^= 0xFF
+                assert not same(f.get_tensor(name), got), name  # memory of its own, not shared
+            elif got.size:
+                got.reshape(-1).view(np.uint8)[0] ^= 0xFF  # the mapping is copy-on-write: the file stays
+    assert path.read_bytes() == before
+
+
 def test_sub_byte_packing_low_bits_first():
     f4 = np.array([0x1, 0x2, 0xF, 0x0], dtype=np.uint8).view(ml_dtypes.float4_e2m1fn)
     data = save({"f4": f4})
