@@ -100,21 +100,6 @@ _SMALL_READ = 1 << 20
 class _Numpy(Framework):
     name = "numpy"
 
-    def get_tensor(self, reader: Any, name: str) -> np.ndarray:
-        # One array constructor over the mapping (mmap), or over a bytearray one native call filled (small
-        # tensors, pread): the per-tensor cost of a file with many small tensors.
-        info = reader.file.info(name)
-        code, shape, begin, end = info
-        dtype = _WHOLE.get(code)
-        if dtype is not None:
-            if reader.zero_copy:
-                mv = reader.memoryview()
-                if mv is not None:
-                    return np.ndarray(shape, dtype, mv, begin)
-            elif end - begin <= _SMALL_READ:
-                return np.ndarray(shape, dtype, reader.file.read_bytes(name))
-        return self.load_one(reader, name, info)
-
     def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
         if code in _PACKED_BITS:
             return _unpack(np.frombuffer(buffer, dtype=np.uint8), code, shape)
@@ -135,7 +120,27 @@ class _Numpy(Framework):
         return np.stack(tensors, axis)
 
 
-_ADAPTER = _Numpy()
+class _PlainNumpy(_Numpy):
+    """numpy arrays as they are (the other frameworks convert them in to_device, so they take the general
+    path)."""
+
+    def get_tensor(self, reader: Any, name: str) -> np.ndarray:
+        # One array constructor over the mapping (mmap), or over a bytearray one native call filled (small
+        # tensors, pread): the per-tensor cost of a file with many small tensors.
+        info = reader.file.info(name)
+        code, shape, begin, end = info
+        dtype = _WHOLE.get(code)
+        if dtype is not None:
+            if reader.zero_copy:
+                mv = reader.memoryview()
+                if mv is not None:
+                    return np.ndarray(shape, dtype, mv, begin)
+            elif end - begin <= _SMALL_READ:
+                return np.ndarray(shape, dtype, reader.file.read_bytes(name))
+        return self.load_one(reader, name, info)
+
+
+_ADAPTER = _PlainNumpy()
 
 
 def _flatten(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], List[np.ndarray]]:
