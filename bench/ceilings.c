@@ -1,7 +1,11 @@
 /* The machine's own ceilings for the benchmarks in bench/run.py, measured in the same run.
  *
  *   ceilings memcpy BYTES THREADS REPS          copy between two pre-faulted buffers
- *   ceilings touch  BYTES THREADS REPS [HUGE]   write once into freshly mmap'ed memory (page faults + zeroing)
+ *   ceilings touch  BYTES THREADS REPS [HUGE [IDLE]]
+ *                                               write once into freshly mmap'ed memory (page faults + zeroing);
+ *                                               IDLE: sleep that many seconds before each repetition, so the
+ *                                               memory freed before it has been free a while (a VM with free
+ *                                               page reporting hands such memory back to its host)
  *   ceilings pread  FILE  THREADS REPS MEMORY [PIECE_MIB]
  *                                               read the whole file with pread, in 8 MiB pieces (or PIECE_MIB;
  *                                               0: the whole file in one call) handed out to THREADS threads,
@@ -157,7 +161,7 @@ static int write_file(struct job* j, const char* path, unsigned threads, int rep
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    fprintf(stderr, "usage: ceilings memcpy BYTES THREADS REPS | ceilings touch BYTES THREADS REPS [HUGE] | "
+    fprintf(stderr, "usage: ceilings memcpy BYTES THREADS REPS | ceilings touch BYTES THREADS REPS [HUGE [IDLE]] | "
                     "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
     return 2;
   }
@@ -170,6 +174,7 @@ int main(int argc, char** argv) {
   memset(&j, 0, sizeof j);
   j.fd = -1;
   int fresh_each = 0;
+  unsigned idle = 0;
   if (strcmp(opname, "memcpy") == 0) {
     j.op = OP_MEMCPY;
     j.bytes = strtoull(argv[2], NULL, 10);
@@ -183,6 +188,7 @@ int main(int argc, char** argv) {
     j.bytes = strtoull(argv[2], NULL, 10);
     fresh_each = 1;
     huge = argc > 5 && atoi(argv[5]) != 0;
+    idle = argc > 6 ? (unsigned)strtoul(argv[6], NULL, 10) : 0;
   } else if (strcmp(opname, "pread") == 0) {
     if (argc < 6) return 2;
     j.op = OP_PREAD;
@@ -219,6 +225,7 @@ int main(int argc, char** argv) {
   }
   printf("{\"op\": \"%s\", \"bytes\": %zu, \"threads\": %u, \"seconds\": [", opname, j.bytes, threads);
   for (int r = 0; r < reps; ++r) {
+    if (idle) sleep(idle);
     double t0 = now();
     if (fresh_each) j.dst = fresh(j.bytes);
     run(&j, threads);

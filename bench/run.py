@@ -39,6 +39,8 @@ import worker  # noqa: E402  (page-cache helpers and layouts shared with the mea
 
 MiB = 1 << 20
 GiB = 1 << 30
+# Seconds the idle first-touch ceiling lets freed memory sit before each run (see Ceilings.memory).
+IDLE_SECONDS = 5
 
 CASES = {
     "1": "open + keys + shapes",
@@ -336,7 +338,7 @@ class Ceilings:
                          best["seconds"], bytes=best["bytes"], threads=best["threads"],
                          **({"resident_before": best["resident_before"]} if "resident_before" in best else {}))
 
-    def memory(self, size: int) -> None:
+    def memory(self, size: int, idle: bool = False) -> None:
         n = min(size, 512 * MiB)
         self.measure(f"C/memcpy/{size}", size_name(size), "memcpy between pre-faulted buffers",
                      [(t, lambda t=t: self._run("memcpy", n, t, self.reps)) for t in self.threads])
@@ -344,6 +346,13 @@ class Ceilings:
                      [(t, lambda t=t: self._run("touch", size, t, self.reps, 0)) for t in self.threads])
         self.measure(f"C/touch_thp/{size}", size_name(size), "first touch, MADV_HUGEPAGE memory (as numpy allocates)",
                      [(t, lambda t=t: self._run("touch", size, t, self.reps, 1)) for t in self.threads])
+        if idle:
+            # The same with memory freed a few seconds earlier, which is what a new process or a load a
+            # while after the last one usually gets (this benchmark's fresh children included).
+            t = max(self.threads)
+            self.measure(f"C/touch_thp_idle/{size}", size_name(size),
+                         f"first touch, MADV_HUGEPAGE memory, each run after {IDLE_SECONDS} s idle",
+                         [(t, lambda: self._run("touch", size, t, min(self.reps, 3), 1, IDLE_SECONDS))])
 
     def warm_pread(self, path: str, size: int) -> None:
         worker.warm(path)
@@ -495,7 +504,7 @@ class Bench:
             print(f"         wrote {name}: {made['tensors']} bf16 tensors, header {made['data_offset']} bytes")
         try:
             if self.want("3") or self.want("4"):
-                self.ceil.memory(size)
+                self.ceil.memory(size, idle=size == min(self.cfg["sizes"]))
             if self.want("3"):
                 self.ceil.warm_pread(st, size)
             if self.want("2"):
@@ -685,6 +694,17 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
                        "load into new torch tensors pays 4 KiB page faults unless the loader asks for huge pages "
                        "itself. The first-touch target uses the plain ceiling (what torch.empty gets); the "
                        "huge-page ceilings are shown for information.")
+            break
+    for size in cfg["sizes"]:
+        huge, idle = res.get(f"C/touch_thp/{size}"), res.get(f"C/touch_thp_idle/{size}")
+        if huge and idle and gbps(idle) < 0.5 * gbps(huge):
+            out.append(f"Huge pages freed {IDLE_SECONDS} s before are {gbps(huge) / gbps(idle):.1f}x slower to touch "
+                       f"than ones freed just before ({gbps(idle):.2f} vs {gbps(huge):.2f} GB/s, {size_name(size)}): "
+                       "this VM hands free memory back to its host (free page reporting of its balloon device), "
+                       "and the host faults it in again on first touch. Loads into fresh huge-page memory (this "
+                       "package's materialized loads, numpy's large arrays) land between the two from one run "
+                       "to the next, which is the spread between min and max of those rows; 4 KiB pages (what "
+                       "torch.empty, and so the reference's load + clone, gets) are hit far less.")
             break
     leaky = [r["label"] for r in res.rows.values()
              if r.get("resident_before") is not None and r["resident_before"] > 0.05]
