@@ -235,9 +235,12 @@ nb::object export_mapped(const File& f, const TensorInfo& t) {
 
 // Fresh, 64-byte aligned memory of `n` bytes (at least 1) that shared_ptrs free.
 std::shared_ptr<std::byte> owned_buffer(std::uint64_t n) {
+  // Small buffers come straight from malloc (16-byte aligned, enough for every element type; aligned_alloc
+  // fragments the heap with many tiny tensors); larger ones start on a cache line.
   constexpr std::size_t kAlign = 64;
+  constexpr std::uint64_t kSmall = 4096;
   const std::size_t size = static_cast<std::size_t>((std::max<std::uint64_t>(n, 1) + kAlign - 1) / kAlign * kAlign);
-  void* p = std::aligned_alloc(kAlign, size);
+  void* p = n <= kSmall ? std::malloc(size) : std::aligned_alloc(kAlign, size);
   if (p == nullptr) throw std::bad_alloc();
   return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
 }
