@@ -38,14 +38,20 @@ def test_types_cover_every_code_numpy_can_hold():
     assert sn._getdtype("BF16") == np.dtype(ml_dtypes.bfloat16)
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
-def test_round_trip_every_dtype(tmp_path, backend):
+def every_dtype():
+    """A matrix, an empty and (where the type is not packed) a scalar tensor of every dtype numpy holds."""
     tensors = {}
     for i, (code, dtype) in enumerate(sn._TYPES.items()):
         tensors[f"{code}.m"] = make(dtype, (4, 8), i)
         tensors[f"{code}.e"] = make(dtype, (0, 3), i)
         if code not in ("F4", "F6_E2M3", "F6_E3M2"):
             tensors[f"{code}.s"] = make(dtype, (), i)
+    return tensors
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+def test_round_trip_every_dtype(tmp_path, backend):
+    tensors = every_dtype()
     path = tmp_path / "all.safetensors"
     save_file(tensors, path)
     for source in (load_file(path, backend=backend), load(path.read_bytes())):
@@ -58,12 +64,7 @@ def test_round_trip_every_dtype(tmp_path, backend):
 def test_get_tensor_every_dtype_small_and_large(tmp_path, backend):
     # get_tensor builds arrays on its own fast paths (an array over the mapping; a bytearray read for small
     # pread tensors, np.empty above sn._SMALL_READ): every dtype, empty, scalar and large tensors.
-    tensors = {}
-    for i, (code, dtype) in enumerate(sn._TYPES.items()):
-        tensors[f"{code}.m"] = make(dtype, (4, 8), i)
-        tensors[f"{code}.e"] = make(dtype, (0, 3), i)
-        if code not in ("F4", "F6_E2M3", "F6_E3M2"):
-            tensors[f"{code}.s"] = make(dtype, (), i)
+    tensors = every_dtype()
     tensors["big"] = make(np.dtype(np.float32), (sn._SMALL_READ // 4 + 3, 2), 7)
     path = tmp_path / "all.safetensors"
     save_file(tensors, path)
