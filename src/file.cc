@@ -38,6 +38,29 @@ constexpr std::uint64_t kReadChunk = 8u << 20;
 // two or more threads stay balanced on one tensor.
 constexpr std::uint64_t kSlicePiece = 1u << 20;
 
+// A contiguous range of the file to copy to dst.
+struct Piece {
+  std::uint64_t source_offset;
+  std::byte* dst;
+  std::uint64_t length;
+};
+
+// Appends [source_offset, source_offset + dst.size()) as pieces of at most kReadChunk bytes.
+void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, std::vector<Piece>* pieces) {
+  for (std::uint64_t off = 0; off < dst.size(); off += kReadChunk) {
+    pieces->push_back({source_offset + off, dst.data() + off, std::min<std::uint64_t>(kReadChunk, dst.size() - off)});
+  }
+}
+
+// Reads every piece with up to `threads` threads (0 = by size and hardware); the first error wins.
+Status read_pieces(const Source& src, const std::vector<Piece>& pieces, std::uint64_t total, unsigned threads) {
+  if (threads == 0) threads = internal::default_threads(total, kReadChunk);
+  return internal::run_parallel(pieces.size(), threads, [&](std::size_t i) {
+    const Piece& p = pieces[i];
+    return read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length));
+  });
+}
+
 }  // namespace
 
 std::uint64_t TensorInfo::numel() const {
@@ -161,32 +184,24 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   }
   const Source& src = *state_->source;
   const std::uint64_t base = data_offset() + tensor.begin;
-  // The runs are split into pieces of consecutive runs that cover about kSlicePiece bytes of the source
-  // each; slices over a large span are read by a few threads, a piece at a time (a column slice touches
-  // every page of the tensor, so the page faults or reads and the copies all parallelize).
+  if (plan.run_length() > kReadChunk) {
+    // Long runs (blocks of rows) are few: they are read like read_many's tensors, in kReadChunk pieces.
+    std::vector<Piece> pieces;
+    plan.for_each_run([&](const SliceRun& r) {
+      split_into_pieces(base + r.source_offset, dst.subspan(r.dest_offset, r.length), &pieces);
+      return true;
+    });
+    return read_pieces(src, pieces, plan.nbytes(), 0);
+  }
+  // Otherwise the runs are split into pieces of consecutive runs that cover about kSlicePiece bytes of the
+  // source each; slices over a large span are read by a few threads, a piece at a time (a column slice
+  // touches every page of the tensor, so the page faults or reads and the copies all parallelize).
   const std::uint64_t span = plan.source_end() - plan.source_begin();
   const std::uint64_t span_per_run =
       std::max<std::uint64_t>({1, plan.run_length(), plan.run_count() ? span / plan.run_count() : 0});
   const std::uint64_t runs_per_piece = std::max<std::uint64_t>(1, kSlicePiece / span_per_run);
   const std::uint64_t pieces = (plan.run_count() + runs_per_piece - 1) / runs_per_piece;
   const unsigned threads = span >= 2 * kSlicePiece ? internal::default_threads(span, kSlicePiece) : 1;
-  if (plan.run_length() > kReadChunk) {
-    // Long runs (a block of rows) are split into kReadChunk pieces of their own: one run can be most of
-    // the slice.
-    const std::uint64_t per_run = (plan.run_length() + kReadChunk - 1) / kReadChunk;
-    return internal::run_parallel(plan.run_count() * per_run, internal::default_threads(plan.nbytes(), kReadChunk),
-                                  [&](std::size_t i) -> Status {
-                                    Status status;
-                                    plan.for_each_run(i / per_run, 1, [&](const SliceRun& r) {
-                                      const std::uint64_t off = (i % per_run) * kReadChunk;
-                                      const std::uint64_t len = std::min(kReadChunk, r.length - off);
-                                      std::span<std::byte> out = dst.subspan(r.dest_offset + off, len);
-                                      status = read_exact(src, base + r.source_offset + off, out);
-                                      return status.ok();
-                                    });
-                                    return status;
-                                  });
-  }
   auto piece_runs = [&](std::size_t i) {
     const std::uint64_t first = i * runs_per_piece;
     return std::pair{first, std::min(runs_per_piece, plan.run_count() - first)};
@@ -255,33 +270,6 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
     return flush();
   });
 }
-
-namespace {
-
-// A contiguous range of the file to copy to dst.
-struct Piece {
-  std::uint64_t source_offset;
-  std::byte* dst;
-  std::uint64_t length;
-};
-
-// Appends [source_offset, source_offset + dst.size()) as pieces of at most kReadChunk bytes.
-void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, std::vector<Piece>* pieces) {
-  for (std::uint64_t off = 0; off < dst.size(); off += kReadChunk) {
-    pieces->push_back({source_offset + off, dst.data() + off, std::min<std::uint64_t>(kReadChunk, dst.size() - off)});
-  }
-}
-
-// Reads every piece with up to `threads` threads (0 = by size and hardware); the first error wins.
-Status read_pieces(const Source& src, const std::vector<Piece>& pieces, std::uint64_t total, unsigned threads) {
-  if (threads == 0) threads = internal::default_threads(total, kReadChunk);
-  return internal::run_parallel(pieces.size(), threads, [&](std::size_t i) {
-    const Piece& p = pieces[i];
-    return read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length));
-  });
-}
-
-}  // namespace
 
 Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
   std::vector<Piece> pieces;
