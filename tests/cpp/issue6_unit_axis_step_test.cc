@@ -41,13 +41,9 @@ TEST(Issue6UnitAxisStep, AStepOverALengthOneAxisKeepsTheRunWhole) {
 TEST(Issue6UnitAxisStep, ReadSliceReturnsTheWholeTensor) {
   const std::vector<std::byte> data = test::random_bytes(3, 6);
   std::vector<TensorData> td = {{"t", Dtype::kF6_E3M2, {2, 1, 2}, data}};
-  auto bytes = serialize(td);
-  ASSERT_ST_OK(bytes);
-  auto owner = std::make_shared<std::vector<std::byte>>(std::move(*bytes));
-  auto mem = memory_source(*owner, owner);
-  auto hidden = std::make_shared<testing::FaultySource>(mem);
-  hidden->hide_mapping = true;
-  for (auto source : {mem, std::shared_ptr<const Source>(hidden)}) {
+  auto mem = test::serialized_source(td);
+  ASSERT_ST_OK(mem);
+  for (auto source : {*mem, std::shared_ptr<const Source>(test::without_mapping(*mem))}) {
     auto f = File::open(source);
     ASSERT_ST_OK(f);
     const TensorInfo& t = f->tensors()[0];

@@ -226,13 +226,9 @@ TEST(SliceTest, MatchesBruteForceOnRandomShapesAndIndices) {
     SCOPED_TRACE("trial " + std::to_string(trial));
 
     std::vector<TensorData> td = {{"t", dt, shape, data}};
-    auto bytes = serialize(td);
-    ASSERT_ST_OK(bytes);
-    auto owner = std::make_shared<std::vector<std::byte>>(std::move(*bytes));
-    auto mem = memory_source(*owner, owner);
-    auto faulty = std::make_shared<testing::FaultySource>(mem);
-    faulty->hide_mapping = true;
-    for (auto source : {mem, std::shared_ptr<const Source>(faulty)}) {
+    auto mem = test::serialized_source(td);
+    ASSERT_ST_OK(mem);
+    for (auto source : {*mem, std::shared_ptr<const Source>(test::without_mapping(*mem))}) {
       auto f = File::open(source);
       ASSERT_ST_OK(f);
       const TensorInfo& info = f->tensors()[0];
@@ -256,11 +252,9 @@ TEST(SliceTest, ReadsOnlyTheBytesItNeeds) {
   const std::uint64_t rows = 256, cols = 65536;
   std::vector<std::byte> data = test::random_bytes(rows * cols, 3);
   std::vector<TensorData> td = {{"w", Dtype::kU8, {rows, cols}, data}};
-  auto bytes = serialize(td);
-  ASSERT_ST_OK(bytes);
-  auto owner = std::make_shared<std::vector<std::byte>>(std::move(*bytes));
-  auto faulty = std::make_shared<testing::FaultySource>(memory_source(*owner, owner));
-  faulty->hide_mapping = true;
+  auto mem = test::serialized_source(td);
+  ASSERT_ST_OK(mem);
+  auto faulty = test::without_mapping(*mem);
   auto f = File::open(faulty);
   ASSERT_ST_OK(f);
   const TensorInfo& info = f->tensors()[0];
@@ -287,11 +281,9 @@ TEST(SliceTest, ReadsOnlyTheBytesItNeeds) {
   // Many small close runs (a narrow column band) are coalesced: far fewer reads than runs.
   std::vector<SliceIndex> band = {S::all(), S::range(0, 4)};
   std::vector<TensorData> narrow = {{"n", Dtype::kU8, {4096, 64}, std::span(data).first(4096 * 64)}};
-  auto nb = serialize(narrow);
+  auto nb = test::serialized_source(narrow);
   ASSERT_ST_OK(nb);
-  auto owner2 = std::make_shared<std::vector<std::byte>>(std::move(*nb));
-  auto faulty2 = std::make_shared<testing::FaultySource>(memory_source(*owner2, owner2));
-  faulty2->hide_mapping = true;
+  auto faulty2 = test::without_mapping(*nb);
   auto g = File::open(faulty2);
   ASSERT_ST_OK(g);
   auto r = g->plan_slice(g->tensors()[0], band);
@@ -349,18 +341,15 @@ TEST(SliceTest, ParallelReadsOfLargeSlicesMatchTheSequentialWalk) {
   const std::uint64_t rows = 8192, cols = 4096;
   std::vector<std::byte> data = test::random_bytes(rows * cols, 21);
   std::vector<TensorData> td = {{"t", Dtype::kU8, {rows, cols}, data}};
-  auto bytes = serialize(td);
-  ASSERT_ST_OK(bytes);
-  auto owner = std::make_shared<std::vector<std::byte>>(std::move(*bytes));
+  auto mem = test::serialized_source(td);
+  ASSERT_ST_OK(mem);
   const std::vector<std::vector<SliceIndex>> specs = {
       {S::range(std::nullopt, std::nullopt, -1), S::range(1, std::nullopt, 2)},
       {S::all(), S::range(512, 1024)},
       {S::range(100, 8000)},
   };
   for (const bool mapped : {true, false}) {
-    auto source = std::make_shared<testing::FaultySource>(memory_source(*owner, owner));
-    source->hide_mapping = !mapped;
-    auto f = File::open(source);
+    auto f = File::open(mapped ? *mem : test::without_mapping(*mem));
     ASSERT_ST_OK(f);
     const TensorInfo& info = f->tensors()[0];
     for (std::size_t k = 0; k < specs.size(); ++k) {
@@ -376,7 +365,7 @@ TEST(SliceTest, ParallelReadsOfLargeSlicesMatchTheSequentialWalk) {
       EXPECT_EQ(got, expected);
     }
   }
-  auto f = File::open(memory_source(*owner, owner));
+  auto f = File::open(*mem);
   ASSERT_ST_OK(f);
   auto strided = f->plan_slice(f->tensors()[0], specs[0]);
   ASSERT_ST_OK(strided);

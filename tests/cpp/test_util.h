@@ -8,13 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "safetensors/error.h"
 #include "safetensors/file.h"
+#include "safetensors/source.h"
 #include "safetensors/writer.h"
 
 namespace safetensors::test {
@@ -91,6 +94,20 @@ inline Result<File> open_bytes(std::string bytes, const OpenOptions& options = {
 }
 
 inline std::vector<std::uint64_t> shape_of(const TensorInfo& t) { return {t.shape.begin(), t.shape.end()}; }
+
+// `tensors` serialized into memory, as a Source that owns the bytes and maps them (the mmap path).
+inline Result<std::shared_ptr<const Source>> serialized_source(std::span<const TensorData> tensors) {
+  SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, serialize(tensors));
+  auto owner = std::make_shared<std::vector<std::byte>>(std::move(bytes));
+  return memory_source(*owner, owner);
+}
+
+// `source` without its mapping: every read goes through Source::read, as on the pread path.
+inline std::shared_ptr<testing::FaultySource> without_mapping(std::shared_ptr<const Source> source) {
+  auto faulty = std::make_shared<testing::FaultySource>(std::move(source));
+  faulty->hide_mapping = true;
+  return faulty;
+}
 
 // Deterministic pseudo-random bytes.
 inline std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
