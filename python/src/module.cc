@@ -456,11 +456,9 @@ NB_MODULE(_safetensors_cpp, m) {
       .def(
           "infos",
           [](const File& f) {
-            nb::list out;
-            for (const TensorInfo& t : f.tensors()) {
-              out.append(nb::make_tuple(make_str(t.name), info_tuple(t)));
-            }
-            return out;
+            const auto& ts = f.tensors();
+            return make_list(ts.size(),
+                             [&](std::size_t i) { return nb::make_tuple(make_str(ts[i].name), info_tuple(ts[i])); });
           },
           nb::sig("def infos(self) -> list[tuple[str, tuple[str, tuple[int, ...], int, int]]]"),
           "[(name, (dtype code, shape, begin, end))] in file order.")
@@ -486,11 +484,10 @@ NB_MODULE(_safetensors_cpp, m) {
       .def(
           "dlpack_all",
           [](const File& f) {
-            nb::list out;
-            for (const TensorInfo& t : f.tensors()) {
-              out.append(nb::make_tuple(make_str(t.name), export_mapped(f, t)));
-            }
-            return out;
+            const auto& ts = f.tensors();
+            return make_list(ts.size(), [&](std::size_t i) {
+              return nb::make_tuple(make_str(ts[i].name), export_mapped(f, ts[i]));
+            });
           },
           nb::sig("def dlpack_all(self) -> list[tuple[str, object | None]]"),
           "[(name, DLPack capsule or None)] for every tensor, in file order (see dlpack).")
@@ -513,13 +510,11 @@ NB_MODULE(_safetensors_cpp, m) {
               nb::gil_scoped_release release;
               check(f.read_many(reqs, threads));
             }
-            nb::list out;
-            for (std::size_t i = 0; i < f.tensors().size(); ++i) {
+            return make_list(f.tensors().size(), [&](std::size_t i) {
               const TensorInfo& t = f.tensors()[i];
               nb::object capsule = buffers[i] ? export_view(t, buffers[i].get(), buffers[i]) : nb::none();
-              out.append(nb::make_tuple(make_str(t.name), capsule));
-            }
-            return out;
+              return nb::make_tuple(make_str(t.name), capsule);
+            });
           },
           "threads"_a = 0, nb::sig("def read_owned_all(self, threads: int = 0) -> list[tuple[str, object | None]]"),
           "[(name, DLPack capsule or None)] for every tensor in file order: each read into new memory the "
