@@ -212,6 +212,17 @@ def op_make(p: Dict[str, Any]) -> Dict[str, Any]:
     return {"tensors": len(state), "bytes": _nbytes(state.values()), "data_offset": 8 + header}
 
 
+def _timed(once: Callable[[], Any], reps: int) -> List[float]:
+    """Seconds of each of `reps` calls of `once`, after one untimed warm-up call."""
+    once()
+    seconds = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
 def op_open(p: Dict[str, Any]) -> Dict[str, Any]:
     """safe_open + keys() (+ every tensor's shape through get_slice), p["reps"] times after one warm-up."""
     from safetensors import safe_open
@@ -226,13 +237,7 @@ def op_open(p: Dict[str, Any]) -> Dict[str, Any]:
                     f.get_slice(k).get_shape()
         return len(keys)
 
-    once()
-    seconds = []
-    for _ in range(p["reps"]):
-        t0 = time.perf_counter()
-        once()
-        seconds.append(time.perf_counter() - t0)
-    return {"seconds": seconds}
+    return {"seconds": _timed(once, p["reps"])}
 
 
 def op_get_tensor(p: Dict[str, Any]) -> Dict[str, Any]:
@@ -330,13 +335,7 @@ def op_prealloc(p: Dict[str, Any]) -> Dict[str, Any]:
         def once() -> None:
             f.read_range(0, base, size)
 
-    once()
-    seconds = []
-    for _ in range(p["reps"]):
-        t0 = time.perf_counter()
-        once()
-        seconds.append(time.perf_counter() - t0)
-    return {"seconds": seconds, "bytes": size}
+    return {"seconds": _timed(once, p["reps"]), "bytes": size}
 
 
 def op_slice(p: Dict[str, Any]) -> Dict[str, Any]:
