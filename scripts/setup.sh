@@ -68,4 +68,12 @@ if [ ! -f .ref/safetensors/__init__.py ]; then
   log "installing the reference implementation into .ref"
   "${PIP[@]}" install --no-deps --target .ref -c constraints.txt safetensors
 fi
+# The reference's release candidate, for the API-surface comparison (0.9.0rc1 adds get_tensor_meta, TensorMeta,
+# PySafeSlice, PrefetchLoader and safe_open.prefetch). A constraints file holds one version per name, so this
+# second pin lives here.
+REFERENCE_RC=0.9.0rc1
+if [ ! -f .ref-rc/safetensors/__init__.py ]; then
+  log "installing the reference's release candidate $REFERENCE_RC into .ref-rc"
+  "${PIP[@]}" install --no-deps --target .ref-rc "safetensors==$REFERENCE_RC"
+fi
 log "ready: $(.venv/bin/python -c 'import safetensors, sys; print("safetensors", safetensors.__version__, "from", safetensors.__file__)')"
