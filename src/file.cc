@@ -38,26 +38,35 @@ constexpr std::uint64_t kReadChunk = 8u << 20;
 // two or more threads stay balanced on one tensor.
 constexpr std::uint64_t kSlicePiece = 1u << 20;
 
-// A contiguous range of the file to copy to dst.
+// A contiguous range of the file to copy to dst, part of the bytes of `tensor` (empty: of a data range).
 struct Piece {
   std::uint64_t source_offset;
   std::byte* dst;
   std::uint64_t length;
+  std::string_view tensor;
 };
 
+// How a read names itself in errors: the file is the error's context, this adds the tensor.
+std::string read_of(std::string_view tensor) { return "read of tensor `" + std::string(tensor) + "`"; }
+
 // Appends [source_offset, source_offset + dst.size()) as pieces of at most kReadChunk bytes.
-void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, std::vector<Piece>* pieces) {
+void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
+                       std::vector<Piece>* pieces) {
   for (std::uint64_t off = 0; off < dst.size(); off += kReadChunk) {
-    pieces->push_back({source_offset + off, dst.data() + off, std::min<std::uint64_t>(kReadChunk, dst.size() - off)});
+    pieces->push_back(
+        {source_offset + off, dst.data() + off, std::min<std::uint64_t>(kReadChunk, dst.size() - off), tensor});
   }
 }
 
-// Reads every piece with up to `threads` threads (0 = by size and hardware); the first error wins.
+// Reads every piece with up to `threads` threads (0 = by size and hardware); the first error wins. Every
+// read is a positional read (Source::read), so a file that shrank or fails underneath gives kIo, even on the
+// mmap backend; the pieces keep a warm read as fast as copying out of the mapping.
 Status read_pieces(const Source& src, const std::vector<Piece>& pieces, std::uint64_t total, unsigned threads) {
   if (threads == 0) threads = internal::default_threads(total, kReadChunk);
   return internal::run_parallel(pieces.size(), threads, [&](std::size_t i) {
     const Piece& p = pieces[i];
-    return read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length));
+    const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
+    return read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length), what);
   });
 }
 
@@ -166,7 +175,7 @@ Status File::read_into(const TensorInfo& tensor, std::span<std::byte> dst) const
     return Error::invalid_argument(path(), "tensor `" + std::string(tensor.name) + "` has " + std::to_string(tensor.nbytes()) +
                                                " bytes but the destination holds " + std::to_string(dst.size()));
   }
-  return read_exact(*state_->source, data_offset() + tensor.begin, dst);
+  return read_exact(*state_->source, data_offset() + tensor.begin, dst, read_of(tensor.name));
 }
 
 Result<SlicePlan> File::plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const {
@@ -188,7 +197,7 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
     // Long runs (blocks of rows) are few: they are read like read_many's tensors, in kReadChunk pieces.
     std::vector<Piece> pieces;
     plan.for_each_run([&](const SliceRun& r) {
-      split_into_pieces(base + r.source_offset, dst.subspan(r.dest_offset, r.length), &pieces);
+      split_into_pieces(base + r.source_offset, dst.subspan(r.dest_offset, r.length), tensor.name, &pieces);
       return true;
     });
     return read_pieces(src, pieces, plan.nbytes(), 0);
@@ -207,7 +216,9 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
     return std::pair{first, std::min(runs_per_piece, plan.run_count() - first)};
   };
 
-  if (const std::byte* mem = src.data()) {
+  // Only a memory source is copied from directly: a mapping is read with positional reads like a file, so
+  // a file that shrank gives kIo instead of SIGBUS.
+  if (const std::byte* mem = src.data(); mem != nullptr && src.backend() == Backend::kMemory) {
     return internal::run_parallel(pieces, threads, [&](std::size_t i) {
       const auto [first, count] = piece_runs(i);
       plan.for_each_run(first, count, [&](const SliceRun& r) {
@@ -221,6 +232,7 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   // Positional reads: a run goes straight into dst; runs of a piece that lie close together in the source
   // are read as one span into the piece's scratch memory and scattered, so many small runs do not cost one
   // syscall each.
+  const std::string what = read_of(tensor.name);
   return internal::run_parallel(pieces, threads, [&](std::size_t i) -> Status {
     std::vector<SliceRun> group;
     std::unique_ptr<std::byte[]> scratch;
@@ -231,13 +243,13 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
       if (group.empty()) return ok_status();
       if (group.size() == 1) {
         const SliceRun& r = group.front();
-        SAFETENSORS_RETURN_IF_ERROR(read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length)));
+        SAFETENSORS_RETURN_IF_ERROR(read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), what));
       } else {
         if (scratch_size < hi - lo) {
           scratch_size = hi - lo;
           scratch = std::make_unique_for_overwrite<std::byte[]>(scratch_size);
         }
-        SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, src.read(base + lo, std::span(scratch.get(), hi - lo)));
+        SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, src.read(base + lo, std::span(scratch.get(), hi - lo), what));
         for (const SliceRun& r : group) {
           std::memcpy(dst.data() + r.dest_offset, bytes.data() + (r.source_offset - lo), r.length);
         }
@@ -279,7 +291,7 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
       return Error::invalid_argument(path(), "read_many: destination size does not match tensor `" +
                                                  (r.tensor ? std::string(r.tensor->name) : std::string("<null>")) + "`");
     }
-    split_into_pieces(data_offset() + r.tensor->begin, r.dst, &pieces);
+    split_into_pieces(data_offset() + r.tensor->begin, r.dst, r.tensor->name, &pieces);
     total += r.dst.size();
   }
   return read_pieces(*state_->source, pieces, total, threads);
@@ -308,7 +320,7 @@ Status File::read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned
                                                std::to_string(data_size) + "-byte data buffer");
   }
   std::vector<Piece> pieces;
-  split_into_pieces(data_offset() + offset, dst, &pieces);
+  split_into_pieces(data_offset() + offset, dst, {}, &pieces);
   return read_pieces(*state_->source, pieces, dst.size(), threads);
 }
 

@@ -332,7 +332,7 @@ Result<ParsedHeader> read_header(const Source& source, std::uint64_t max_header_
   // Step 1.
   if (file_size < 8) return Error::header_too_small(context);
   std::byte prefix[8];
-  SAFETENSORS_RETURN_IF_ERROR(read_exact(source, 0, prefix));
+  SAFETENSORS_RETURN_IF_ERROR(read_exact(source, 0, prefix, "read of the header length"));
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint64_t>(prefix[i]);
   // Step 2. (The cap also bounds the allocation below, together with step 3.)
@@ -349,16 +349,19 @@ Result<ParsedHeader> read_header(const Source& source, std::uint64_t max_header_
     return Error::invalid_header_length(context, "declared length " + std::to_string(n) + " runs past the end of the " +
                                                      std::to_string(file_size) + "-byte file");
   }
-  // A mapped or in-memory file with at least kJsonPadding bytes after the header is parsed in place: the
-  // parser may read (but never interprets) that many bytes past the end of its input.
-  if (const std::byte* mem = source.data(); mem != nullptr && file_size - *header_end >= kJsonPadding) {
+  // An in-memory file with at least kJsonPadding bytes after the header is parsed in place: the parser may
+  // read (but never interprets) that many bytes past the end of its input. A mapped file is read like any
+  // other, so a file that shrinks while it is opened gives kIo instead of SIGBUS.
+  if (const std::byte* mem = source.data();
+      mem != nullptr && source.backend() == Backend::kMemory && file_size - *header_end >= kJsonPadding) {
     return parse_header_json(std::string_view(reinterpret_cast<const char*>(mem) + 8, n), file_size - *header_end,
                              context);
   }
   // Only now, with n <= file size, is a buffer of n bytes allocated.
   auto buf = std::make_unique_for_overwrite<char[]>(n + kJsonPadding);
   std::memset(buf.get() + n, 0, kJsonPadding);
-  SAFETENSORS_RETURN_IF_ERROR(read_exact(source, 8, std::span<std::byte>(reinterpret_cast<std::byte*>(buf.get()), n)));
+  SAFETENSORS_RETURN_IF_ERROR(
+      read_exact(source, 8, std::span<std::byte>(reinterpret_cast<std::byte*>(buf.get()), n), "read of the header"));
   return parse_header_json(std::string_view(buf.get(), n), file_size - *header_end, context);
 }
 

@@ -13,11 +13,15 @@
 namespace safetensors::internal {
 namespace {
 
+int open_syscall(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
+
 const Syscalls kReal = {
     .pread = ::pread,
     .pwrite = ::pwrite,
     .fsync = ::fsync,
     .rename = ::rename,
+    .open = open_syscall,
+    .linkat = ::linkat,
 };
 
 std::atomic<const Syscalls*> g_syscalls{&kReal};
@@ -42,19 +46,20 @@ Error errno_error(std::string_view path, std::string_view what, int err) {
   return Error::io(path, detail);
 }
 
-Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span<std::byte> dst) {
+Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span<std::byte> dst,
+                  std::string_view what) {
   std::size_t done = 0;
   while (done < dst.size()) {
     const std::size_t want = std::min(dst.size() - done, kMaxTransfer);
     const ssize_t n = syscalls().pread(fd, dst.data() + done, want, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return errno_error(path, "read", errno);
+      return errno_error(path, what, errno);
     }
     if (n == 0) {
-      return Error::io(path, "file is shorter than expected (it changed after it was opened): read of " +
-                                 std::to_string(dst.size()) + " bytes at offset " + std::to_string(offset) +
-                                 " reached end of file");
+      return Error::io(path, "file is shorter than expected (it changed after it was opened): " + std::string(what) +
+                                 " (" + std::to_string(dst.size()) + " bytes at offset " + std::to_string(offset) +
+                                 ") reached end of file");
     }
     done += static_cast<std::size_t>(n);
   }

@@ -21,6 +21,9 @@ struct Syscalls {
   ssize_t (*pwrite)(int fd, const void* buf, std::size_t count, off_t offset);
   int (*fsync)(int fd);
   int (*rename)(const char* from, const char* to);
+  // open(2) of the file a save writes (O_TMPFILE or a named temporary file).
+  int (*open)(const char* path, int flags, mode_t mode);
+  int (*linkat)(int from_dir, const char* from, int to_dir, const char* to, int flags);
 };
 
 // The table in use. Never null.
@@ -46,8 +49,10 @@ const Syscalls& real_syscalls();
 Error errno_error(std::string_view path, std::string_view what, int err);
 
 // Reads exactly dst.size() bytes at `offset`, retrying on EINTR and short reads. A read that reaches end of
-// file early gives kIo ("file is shorter than expected").
-Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span<std::byte> dst);
+// file early gives kIo ("file is shorter than expected"). `what` names the read in errors ("read of tensor
+// `w`").
+Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span<std::byte> dst,
+                  std::string_view what = "read");
 // Writes all of `src` at `offset`, retrying on EINTR and short writes.
 Status pwrite_full(int fd, std::string_view path, std::uint64_t offset, std::span<const std::byte> src);
 

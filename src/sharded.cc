@@ -90,7 +90,8 @@ Result<IndexText> read_index(const std::string& path, std::uint64_t max_bytes) {
   text.size = static_cast<std::size_t>(size);
   text.bytes = std::make_unique<char[]>(text.size + simdjson::SIMDJSON_PADDING);
   SAFETENSORS_RETURN_IF_ERROR(
-      read_exact(*source, 0, std::span<std::byte>(reinterpret_cast<std::byte*>(text.bytes.get()), text.size)));
+      read_exact(*source, 0, std::span<std::byte>(reinterpret_cast<std::byte*>(text.bytes.get()), text.size),
+                 "read of the index"));
   return text;
 }
 
@@ -350,6 +351,7 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
     std::uint64_t offset;
     std::byte* dst;
     std::uint64_t length;
+    std::string_view tensor;
   };
   std::vector<Piece> pieces;
   std::uint64_t total = 0;
@@ -370,7 +372,7 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
     const std::uint64_t start = shard.data_offset() + r.tensor->begin;
     for (std::uint64_t off = 0; off < r.dst.size(); off += kReadChunk) {
       const std::uint64_t len = std::min<std::uint64_t>(kReadChunk, r.dst.size() - off);
-      pieces.push_back({shard.source().get(), start + off, r.dst.data() + off, len});
+      pieces.push_back({shard.source().get(), start + off, r.dst.data() + off, len, r.tensor->name});
     }
     total += r.dst.size();
   }
@@ -380,7 +382,8 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
   if (threads == 0) threads = internal::default_threads(total, kReadChunk);
   return internal::run_parallel(pieces.size(), threads, [&](std::size_t k) {
     const Piece& p = pieces[k];
-    return read_exact(*p.source, p.offset, std::span<std::byte>(p.dst, p.length));
+    return read_exact(*p.source, p.offset, std::span<std::byte>(p.dst, p.length),
+                      "read of tensor `" + std::string(p.tensor) + "`");
   });
 }
 

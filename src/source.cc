@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "checked.h"
@@ -47,21 +49,25 @@ class MemorySource final : public Source {
   std::uint64_t size() const override { return bytes_.size(); }
   Backend backend() const override { return Backend::kMemory; }
   const std::byte* data() const override { return bytes_.data(); }
-  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override {
-    SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
+
+ private:
+  Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
+                                                  std::string_view /*what*/) const override {
     return bytes_.subspan(offset, dst.size());
   }
 
- private:
   std::span<const std::byte> bytes_;
   std::shared_ptr<const void> owner_;
   std::string name_;
 };
 
+// The mapping serves zero-copy views (data()); reads go through the descriptor, which the Source keeps open
+// for that reason: a positional read of a file that shrank returns an error where a copy out of the mapping
+// would raise SIGBUS.
 class MmapSource final : public Source {
  public:
-  MmapSource(std::string path, void* base, std::uint64_t size, bool writable)
-      : path_(std::move(path)), base_(base), size_(size), writable_(writable) {
+  MmapSource(std::string path, int fd, void* base, std::uint64_t size, bool writable)
+      : path_(std::move(path)), fd_(fd), base_(base), size_(size), writable_(writable) {
     g_live_mappings.fetch_add(1, std::memory_order_relaxed);
   }
   ~MmapSource() override {
@@ -69,6 +75,7 @@ class MmapSource final : public Source {
       std::fprintf(stderr, "safetensors: munmap(\"%s\") failed: %s\n", path_.c_str(), std::strerror(errno));
     }
     g_live_mappings.fetch_sub(1, std::memory_order_relaxed);
+    close_reporting(fd_, path_);
   }
 
   const std::string& name() const override { return path_; }
@@ -76,10 +83,6 @@ class MmapSource final : public Source {
   Backend backend() const override { return Backend::kMmap; }
   const std::byte* data() const override { return static_cast<const std::byte*>(base_); }
   bool writable() const override { return writable_; }
-  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override {
-    SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
-    return std::span<const std::byte>(data() + offset, dst.size());
-  }
   void prefetch(std::uint64_t offset, std::uint64_t length) const override {
     // madvise needs a page-aligned start.
     const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -90,7 +93,14 @@ class MmapSource final : public Source {
   }
 
  private:
+  Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
+                                                  std::string_view what) const override {
+    SAFETENSORS_RETURN_IF_ERROR(internal::pread_full(fd_, path_, offset, dst, what));
+    return std::span<const std::byte>(dst);
+  }
+
   std::string path_;
+  int fd_;
   void* base_;
   std::uint64_t size_;
   bool writable_;
@@ -104,27 +114,82 @@ class PreadSource final : public Source {
   const std::string& name() const override { return path_; }
   std::uint64_t size() const override { return size_; }
   Backend backend() const override { return Backend::kPread; }
-  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override {
-    SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
-    SAFETENSORS_RETURN_IF_ERROR(internal::pread_full(fd_, path_, offset, dst));
-    return std::span<const std::byte>(dst);
-  }
   void prefetch(std::uint64_t offset, std::uint64_t length) const override {
     (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
   }
 
  private:
+  Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
+                                                  std::string_view what) const override {
+    SAFETENSORS_RETURN_IF_ERROR(internal::pread_full(fd_, path_, offset, dst, what));
+    return std::span<const std::byte>(dst);
+  }
+
   std::string path_;
   int fd_;
   std::uint64_t size_;
 };
 
+// What a file that is not a regular file is, for the error that refuses it.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "a special file";
+}
+
+Error not_a_regular_file(const std::string& path, mode_t mode) {
+  const std::string what = std::string("open: not a regular file (") + file_kind(mode) + ")";
+  if (S_ISDIR(mode)) return internal::errno_error(path, what, EISDIR);
+  return Error::io(path, what);
+}
+
+// Opens `path` for reading if it is a regular file. O_NONBLOCK keeps open(2) from waiting for a writer of a
+// FIFO (or a device from waiting for its carrier); the type is checked on the descriptor, so nothing can swap
+// the file between the check and the use, and the flag is cleared again before any read.
+Result<int> open_regular_file(const std::string& path, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    // A socket cannot be opened at all (ENXIO): say what it is.
+    struct stat lst;
+    if (err == ENXIO && ::stat(path.c_str(), &lst) == 0 && !S_ISREG(lst.st_mode)) {
+      return not_a_regular_file(path, lst.st_mode);
+    }
+    return internal::errno_error(path, "open", err);
+  }
+  if (::fstat(fd, st) != 0) {
+    const int err = errno;
+    close_reporting(fd, path);
+    return internal::errno_error(path, "stat", err);
+  }
+  if (!S_ISREG(st->st_mode)) {
+    close_reporting(fd, path);
+    return not_a_regular_file(path, st->st_mode);
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    close_reporting(fd, path);
+    return internal::errno_error(path, "fcntl", err);
+  }
+  return fd;
+}
+
 }  // namespace
 
 Source::~Source() = default;
 
-Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst) {
-  auto got = source.read(offset, dst);
+Result<std::span<const std::byte>> Source::read(std::uint64_t offset, std::span<std::byte> dst,
+                                                std::string_view what) const {
+  SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
+  return read_checked(offset, dst, what);
+}
+
+Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst, std::string_view what) {
+  auto got = source.read(offset, dst, what);
   if (!got.ok()) return std::move(got).error();
   if (got->data() != dst.data() && !dst.empty()) std::memcpy(dst.data(), got->data(), dst.size());
   return ok_status();
@@ -134,22 +199,11 @@ Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, 
   if (backend == Backend::kMemory) {
     return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return internal::errno_error(path, "open", errno);
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    close_reporting(fd, path);
-    return internal::errno_error(path, "stat", err);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    close_reporting(fd, path);
-    return internal::errno_error(path, "open", EISDIR);
-  }
+  SAFETENSORS_ASSIGN_OR_RETURN(const int fd, open_regular_file(path, &st));
   const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
-  // Only regular, non-empty files are mapped; everything else (and any mapping failure) takes pread.
-  if (backend == Backend::kMmap && S_ISREG(st.st_mode) && size > 0 &&
-      !g_force_pread.load(std::memory_order_relaxed) && size <= SIZE_MAX) {
+  // Empty files, and any mapping failure, take pread.
+  if (backend == Backend::kMmap && size > 0 && !g_force_pread.load(std::memory_order_relaxed) && size <= SIZE_MAX) {
     bool writable = true;
     void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (base == MAP_FAILED) {
@@ -158,9 +212,7 @@ Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, 
       base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     }
     if (base != MAP_FAILED) {
-      // The mapping holds its own reference to the file; the descriptor is no longer needed.
-      close_reporting(fd, path);
-      return std::shared_ptr<const Source>(std::make_shared<MmapSource>(path, base, size, writable));
+      return std::shared_ptr<const Source>(std::make_shared<MmapSource>(path, fd, base, size, writable));
     }
   }
   return std::shared_ptr<const Source>(std::make_shared<PreadSource>(path, fd, size));
@@ -182,7 +234,8 @@ Backend FaultySource::backend() const { return base_->backend(); }
 const std::byte* FaultySource::data() const { return hide_mapping.load() ? nullptr : base_->data(); }
 bool FaultySource::writable() const { return hide_mapping.load() ? false : base_->writable(); }
 
-Result<std::span<const std::byte>> FaultySource::read(std::uint64_t offset, std::span<std::byte> dst) const {
+Result<std::span<const std::byte>> FaultySource::read_checked(std::uint64_t offset, std::span<std::byte> dst,
+                                                              std::string_view what) const {
   reads.fetch_add(1);
   bytes_read.fetch_add(dst.size());
   if (short_read.load()) {
@@ -191,9 +244,16 @@ Result<std::span<const std::byte>> FaultySource::read(std::uint64_t offset, std:
   const std::int64_t eio = eio_at_offset.load();
   if (eio >= 0 && static_cast<std::uint64_t>(eio) >= offset &&
       static_cast<std::uint64_t>(eio) - offset < dst.size()) {
-    return internal::errno_error(name(), "read", EIO);
+    return internal::errno_error(name(), what, EIO);
   }
-  return base_->read(offset, dst);
+  // read() checked that offset + dst.size() does not overflow.
+  const std::int64_t end = end_at_offset.load();
+  if (end >= 0 && offset + dst.size() > static_cast<std::uint64_t>(end)) {
+    return Error::io(name(), "file is shorter than expected (it changed after it was opened): " + std::string(what) +
+                                 " (" + std::to_string(dst.size()) + " bytes at offset " + std::to_string(offset) +
+                                 ") reached end of file (injected)");
+  }
+  return base_->read(offset, dst, what);
 }
 
 void set_force_pread(bool force) { g_force_pread.store(force); }

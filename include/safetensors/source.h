@@ -2,12 +2,14 @@
 //
 // A Source is a fixed-size, read-only sequence of bytes with positional reads, modelled on LevelDB's
 // RandomAccessFile. Three implementations exist and no layer above this one knows which it has:
-//   - mmap:   a private (copy-on-write) mapping of a file. Reads return views into the mapping; data()
-//             exposes it whole.
+//   - mmap:   a private (copy-on-write) mapping of a file, exposed whole by data() for zero-copy views.
+//             read() still uses pread(2) on the file's descriptor: a mapped page of a file that shrank or
+//             fails with EIO underneath (NFS, FUSE) raises SIGBUS when touched, a positional read returns
+//             an error, so every read the library makes for a caller is a positional read.
 //   - pread:  positional reads with pread(2) into the caller's buffer; no mapping, no shared file position.
-//   - memory: a caller's buffer, kept alive by an owner the caller supplies.
-// open_file_source() picks mmap or pread; if mapping fails (special files, address-space limits, empty
-// files) it falls back to pread, and backend() says what was chosen.
+//   - memory: a caller's buffer, kept alive by an owner the caller supplies. read() returns views into it.
+// open_file_source() opens regular files only, and picks mmap or pread; if mapping fails (address-space
+// limits, empty files) it falls back to pread, and backend() says what was chosen.
 //
 // Thread safety: a Source is immutable after construction; all methods are const and safe for concurrent use
 // by multiple threads.
@@ -23,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "safetensors/error.h"
 #include "safetensors/export.h"
@@ -52,26 +55,37 @@ class SAFETENSORS_EXPORT Source {
   virtual Backend backend() const = 0;
 
   // Reads exactly dst.size() bytes starting at `offset`. On success the returned span holds them: either a
-  // view into the Source's own memory (then dst is untouched) or dst itself after the bytes were copied there.
+  // view into a memory Source's buffer (then dst is untouched) or dst itself after the bytes were copied
+  // there (files, mapped or not). `what` names the read in errors, e.g. "read of tensor `w`".
   // Errors: kInvalidArgument if [offset, offset + dst.size()) is not inside [0, size()); kIo for an operating
-  // system failure or when the file ended early (it shrank after it was opened).
-  virtual Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const = 0;
+  // system failure or when the file ended early (it shrank after it was opened). Never a signal.
+  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst,
+                                          std::string_view what = "read") const;
 
-  // The whole content as addressable memory, or nullptr (pread). Valid while this Source is alive.
+  // The whole content as addressable memory, or nullptr (pread). Valid while this Source is alive. For a
+  // mapping this is the one unprotected path: touching a page the file no longer backs raises SIGBUS.
   virtual const std::byte* data() const { return nullptr; }
   // True when data() may be written through: a private copy-on-write mapping whose writes never reach the
   // file. Memory sources and read-only mappings return false.
   virtual bool writable() const { return false; }
   // A hint that [offset, offset + length) will be read soon (readahead). Never fails.
   virtual void prefetch(std::uint64_t /*offset*/, std::uint64_t /*length*/) const {}
+
+ private:
+  // read() after its range check: [offset, offset + dst.size()) lies inside [0, size()).
+  virtual Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
+                                                          std::string_view what) const = 0;
 };
 
 // Reads exactly dst.size() bytes at `offset` into dst (copying from a view when the Source returns one).
-SAFETENSORS_EXPORT Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst);
+// `what` as in Source::read().
+SAFETENSORS_EXPORT Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst,
+                                     std::string_view what = "read");
 
 // Opens `path` with the requested backend (kMmap or kPread). kMmap falls back to kPread when the file cannot
-// be mapped. Errors: kNotFound (ENOENT), kIo (anything else, e.g. a directory or EACCES), kInvalidArgument
-// for kMemory.
+// be mapped. Only regular files are opened: the file is opened without blocking (a FIFO with no writer does
+// not hang) and a FIFO, socket, device or directory is refused with kIo, "not a regular file (a FIFO)".
+// Errors: kNotFound (ENOENT), kIo (anything else, e.g. EACCES), kInvalidArgument for kMemory.
 SAFETENSORS_EXPORT Result<std::shared_ptr<const Source>> open_file_source(const std::string& path,
                                                                           Backend backend);
 
@@ -94,6 +108,9 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   std::atomic<bool> short_read{false};
   // When >= 0, a read whose range contains this offset fails with kIo (EIO).
   std::atomic<std::int64_t> eio_at_offset{-1};
+  // When >= 0, the file seems to end here (it shrank after it was opened): a read that reaches past this
+  // offset fails with kIo, "file is shorter than expected". size() is unchanged, as for a real file.
+  std::atomic<std::int64_t> end_at_offset{-1};
   // When set, data() returns nullptr, so callers must take the positional-read path.
   std::atomic<bool> hide_mapping{false};
   // Number of read() calls made, for asserting how many reads an operation took.
@@ -104,11 +121,13 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   const std::string& name() const override;
   std::uint64_t size() const override;
   Backend backend() const override;
-  Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override;
   const std::byte* data() const override;
   bool writable() const override;
 
  private:
+  Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
+                                                  std::string_view what) const override;
+
   std::shared_ptr<const Source> base_;
 };
 
