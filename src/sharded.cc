@@ -1,9 +1,5 @@
 #include "safetensors/sharded.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <simdjson.h>
 
 #include <algorithm>
@@ -14,11 +10,11 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "atomic_file.h"
 #include "checked.h"
 #include "parallel.h"
 #include "name_index.h"
@@ -444,64 +440,14 @@ std::string shard_file_name(const std::string& prefix, std::size_t i, std::size_
   return prefix + buf;
 }
 
-// Writes `bytes` to a fresh temporary file beside `path` and renames it over `path`. Crash ordering as in
-// FileWriter::finish(): with `durable`, the data is fsynced before the rename publishes it and the
-// directory after, so the rename itself survives a power loss. The target's permission bits are kept; a new
-// file gets 0666 minus the umask.
+// Writes `bytes` as the file at `path`, atomically (crash ordering: AtomicFile::publish); with `durable`
+// the new file survives a power loss. The target's permission bits are kept; a new file gets 0666 minus the
+// umask.
 Status write_file_atomically(const std::string& path, std::string_view bytes, bool durable) {
-  std::string dir = dirname_of(path);
-  if (dir.empty()) dir = ".";
-  const auto slash = path.rfind('/');
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  mode_t mode = 0666;
-  bool keep_mode = false;
-  struct stat st;
-  if (::stat(path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return internal::errno_error(path, "open", EISDIR);
-    mode = st.st_mode & 07777;
-    keep_mode = true;
-  }
-  std::random_device rd;
-  std::string temp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    char suffix[24];
-    std::snprintf(suffix, sizeof suffix, ".%08x%08x.tmp", rd(), rd());
-    temp = dir + "/." + base + suffix;
-    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, keep_mode ? 0600 : mode);
-    if (fd < 0 && errno != EEXIST) {
-      if (errno == ENOENT) return internal::errno_error(dir, "create a file in directory", ENOENT);
-      return internal::errno_error(temp, "create", errno);
-    }
-  }
-  if (fd < 0) return internal::errno_error(temp, "create", EEXIST);
-  auto fail = [&](Error err) -> Status {
-    if (fd >= 0) ::close(fd);
-    if (::unlink(temp.c_str()) != 0 && errno != ENOENT) {
-      std::fprintf(stderr, "safetensors: unlink(\"%s\") failed: %s\n", temp.c_str(), std::strerror(errno));
-    }
-    return err;
-  };
-  if (keep_mode && ::fchmod(fd, mode) != 0) return fail(internal::errno_error(temp, "chmod", errno));
-  Status w = internal::pwrite_full(fd, temp, 0,
-                                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
-  if (!w.ok()) return fail(std::move(w).error());
-  if (durable && internal::syscalls().fsync(fd) != 0) return fail(internal::errno_error(temp, "fsync", errno));
-  const int closed = ::close(fd);
-  fd = -1;
-  if (closed != 0) return fail(internal::errno_error(temp, "close", errno));
-  if (internal::syscalls().rename(temp.c_str(), path.c_str()) != 0) {
-    return fail(internal::errno_error(path, "rename", errno));
-  }
-  if (durable) {
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return internal::errno_error(dir, "open directory", errno);
-    Status synced;
-    if (internal::syscalls().fsync(dfd) != 0) synced = internal::errno_error(dir, "fsync directory", errno);
-    ::close(dfd);
-    return synced;
-  }
-  return ok_status();
+  SAFETENSORS_ASSIGN_OR_RETURN(auto file, internal::AtomicFile::create(path));
+  SAFETENSORS_RETURN_IF_ERROR(internal::pwrite_full(
+      file.fd(), file.name(), 0, std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size())));
+  return file.publish(durable);
 }
 
 }  // namespace

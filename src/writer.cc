@@ -1,19 +1,14 @@
 #include "safetensors/writer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cassert>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
-#include <random>
 #include <string>
 #include <unordered_set>
 
+#include "atomic_file.h"
 #include "checked.h"
 #include "parallel.h"
 #include "posix.h"
@@ -71,27 +66,6 @@ void append_json_string(std::string* out, std::string_view s) {
     }
   }
   out->push_back('"');
-}
-
-std::string dirname_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string basename_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-Status fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return internal::errno_error(dir, "open directory", errno);
-  Status st;
-  if (internal::syscalls().fsync(fd) != 0) st = internal::errno_error(dir, "fsync directory", errno);
-  ::close(fd);
-  return st;
 }
 
 }  // namespace
@@ -242,10 +216,10 @@ Status save_file(const std::string& path, std::span<const TensorData> tensors, c
 // ---------------------------------------------------------------------------------------------------------
 // FileWriter
 
-FileWriter::FileWriter(std::string path, std::string temp_path, int fd, WritePlan plan, WriteOptions options)
+FileWriter::FileWriter(std::string path, std::unique_ptr<internal::AtomicFile> file, WritePlan plan,
+                       WriteOptions options)
     : path_(std::move(path)),
-      temp_path_(std::move(temp_path)),
-      fd_(fd),
+      file_(std::move(file)),
       plan_(std::move(plan)),
       options_(options),
       written_(std::make_unique<std::atomic<std::uint64_t>[]>(plan_.entries().size())),
@@ -253,8 +227,7 @@ FileWriter::FileWriter(std::string path, std::string temp_path, int fd, WritePla
 
 FileWriter::FileWriter(FileWriter&& other) noexcept
     : path_(std::move(other.path_)),
-      temp_path_(std::move(other.temp_path_)),
-      fd_(std::exchange(other.fd_, -1)),
+      file_(std::move(other.file_)),
       plan_(std::move(other.plan_)),
       options_(other.options_),
       written_(std::move(other.written_)),
@@ -264,8 +237,7 @@ FileWriter& FileWriter::operator=(FileWriter&& other) noexcept {
   if (this != &other) {
     if (!done_) abandon();
     path_ = std::move(other.path_);
-    temp_path_ = std::move(other.temp_path_);
-    fd_ = std::exchange(other.fd_, -1);
+    file_ = std::move(other.file_);
     plan_ = std::move(other.plan_);
     options_ = other.options_;
     written_ = std::move(other.written_);
@@ -280,41 +252,12 @@ FileWriter::~FileWriter() {
 }
 
 Result<FileWriter> FileWriter::create(std::string path, WritePlan plan, const WriteOptions& options) {
-  const std::string dir = dirname_of(path);
-  // Keep the target's permission bits; a new file gets 0666 minus the umask, as open(2) would give it.
-  mode_t mode = 0666;
-  bool keep_mode = false;
-  struct stat st;
-  if (::stat(path.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return internal::errno_error(path, "open", EISDIR);
-    mode = st.st_mode & 07777;
-    keep_mode = true;
-  }
-  // A fresh, unpredictable name in the target's directory; O_EXCL makes a collision an error, not a clobber.
-  std::random_device rd;
-  std::string temp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    char suffix[24];
-    std::snprintf(suffix, sizeof suffix, ".%08x%08x.tmp", rd(), rd());
-    temp = dir + "/." + basename_of(path) + suffix;
-    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, keep_mode ? 0600 : mode);
-    if (fd < 0 && errno != EEXIST) {
-      if (errno == ENOENT) return internal::errno_error(dir, "create a file in directory", ENOENT);
-      return internal::errno_error(temp, "create", errno);
-    }
-  }
-  if (fd < 0) return internal::errno_error(temp, "create", EEXIST);
-  if (keep_mode && ::fchmod(fd, mode) != 0) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(temp.c_str());
-    return internal::errno_error(temp, "chmod", err);
-  }
-  FileWriter w(std::move(path), std::move(temp), fd, std::move(plan), options);
+  SAFETENSORS_ASSIGN_OR_RETURN(auto file, internal::AtomicFile::create(path));
+  FileWriter w(std::move(path), std::make_unique<internal::AtomicFile>(std::move(file)), std::move(plan), options);
   const std::string& prefix = w.plan_.prefix();
   Status s = internal::pwrite_full(
-      w.fd_, w.temp_path_, 0, std::span<const std::byte>(reinterpret_cast<const std::byte*>(prefix.data()), prefix.size()));
+      w.file_->fd(), w.file_->name(), 0,
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(prefix.data()), prefix.size()));
   if (!s.ok()) {
     w.abandon();
     return std::move(s).error();
@@ -345,7 +288,8 @@ Status FileWriter::write_part(std::size_t input, std::uint64_t offset, std::span
   if (!end || *end > e.end - e.begin) {
     return Error::invalid_argument(path_, "write: bytes past the end of input " + std::to_string(input));
   }
-  SAFETENSORS_RETURN_IF_ERROR(internal::pwrite_full(fd_, temp_path_, plan_.data_offset() + e.begin + offset, bytes));
+  SAFETENSORS_RETURN_IF_ERROR(
+      internal::pwrite_full(file_->fd(), file_->name(), plan_.data_offset() + e.begin + offset, bytes));
   written_[input].fetch_add(bytes.size(), std::memory_order_relaxed);
   return ok_status();
 }
@@ -360,48 +304,17 @@ Status FileWriter::finish() {
       return Error::invalid_argument(path_, "finish: input " + std::to_string(i) + " was not written in full");
     }
   }
-  // Crash ordering: the data must be durable before the rename makes it visible under the target's name,
-  // or a crash could publish a file whose blocks were never written; the directory fsync then makes the
-  // rename itself durable. Without options_.fsync a crash may lose the new file (the old one, or on some
-  // filesystems an empty one, survives), but a live system never observes a partial file.
-  if (options_.fsync && internal::syscalls().fsync(fd_) != 0) {
-    Error err = internal::errno_error(temp_path_, "fsync", errno);
-    abandon();
-    return err;
-  }
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    Error err = internal::errno_error(temp_path_, "close", errno);
-    abandon();
-    return err;
-  }
-  fd_ = -1;
-  if (internal::syscalls().rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    Error err = internal::errno_error(path_, "rename", errno);
-    abandon();
-    return err;
-  }
   done_ = true;
-  if (options_.fsync) return fsync_dir(dirname_of(path_));
-  return ok_status();
+  // Crash ordering: AtomicFile::publish.
+  Status st = file_->publish(options_.fsync);
+  file_.reset();
+  return st;
 }
 
 void FileWriter::abandon() {
-  assert(!done_ || fd_ < 0);
-  close_and_remove();
+  if (file_) file_->discard();
+  file_.reset();
   done_ = true;
-}
-
-void FileWriter::close_and_remove() {
-  if (fd_ >= 0) {
-    if (::close(fd_) != 0) {
-      std::fprintf(stderr, "safetensors: close(\"%s\") failed: %s\n", temp_path_.c_str(), std::strerror(errno));
-    }
-    fd_ = -1;
-  }
-  if (!done_ && !temp_path_.empty() && ::unlink(temp_path_.c_str()) != 0 && errno != ENOENT) {
-    std::fprintf(stderr, "safetensors: unlink(\"%s\") failed: %s\n", temp_path_.c_str(), std::strerror(errno));
-  }
 }
 
 }  // namespace safetensors

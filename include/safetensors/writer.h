@@ -6,10 +6,11 @@
 // byte-identical output to the reference implementation.
 //
 // The data is then streamed from each tensor's own memory -- never gathered into one buffer -- either into
-// a caller's buffer (serialize_into) or into a file (FileWriter / save_file). A file is written to a fresh
-// temporary file in the target's directory and renamed over the target only when complete, so a failed or
-// interrupted save leaves the previous file untouched, and readers that have the old file mapped keep
-// seeing the old bytes.
+// a caller's buffer (serialize_into) or into a file (FileWriter / save_file). A file is written to an
+// anonymous file (O_TMPFILE) in the target's directory -- a named temporary file where the filesystem has
+// no O_TMPFILE -- and linked or renamed over the target only when complete, so a failed or interrupted
+// save leaves the previous file untouched (and, with O_TMPFILE, nothing else behind), and readers that have
+// the old file mapped keep seeing the old bytes.
 //
 // Thread safety: WritePlan is immutable and safe to share. FileWriter requires external synchronization,
 // except that write() and write_part() of distinct byte ranges may run concurrently (positional writes).
@@ -32,6 +33,9 @@
 #include "safetensors/file.h"
 
 namespace safetensors {
+namespace internal {
+class AtomicFile;
+}  // namespace internal
 
 // A tensor to be written: its description and (for the convenience functions) its bytes. The bytes are
 // borrowed; they must stay alive and unchanged until the write returns.
@@ -103,11 +107,12 @@ SAFETENSORS_EXPORT Status save_file(const std::string& path, std::span<const Ten
 //   w->write(i, bytes_of_tensor_i) ...                // each entry exactly once, any order
 //   w->finish();                                      // or w->abandon()
 //
-// The temporary file is created next to `path` (so the rename cannot cross filesystems) with the permission
-// bits of the existing target, or the process umask default for a new file.
+// The new file is created in path's directory (so publishing it cannot cross filesystems), anonymous where
+// the filesystem supports O_TMPFILE, with the permission bits of the existing target, or the process umask
+// default for a new file.
 class SAFETENSORS_EXPORT FileWriter {
  public:
-  // Creates the temporary file and writes the plan's prefix. Errors: kNotFound (missing directory), kIo.
+  // Creates the new file and writes the plan's prefix. Errors: kNotFound (missing directory), kIo.
   static Result<FileWriter> create(std::string path, WritePlan plan, const WriteOptions& options = {});
 
   FileWriter(FileWriter&& other) noexcept;
@@ -128,20 +133,19 @@ class SAFETENSORS_EXPORT FileWriter {
   // it exactly once; parts may be written concurrently. Same requirements and errors as write().
   Status write_part(std::size_t input, std::uint64_t offset, std::span<const std::byte> bytes);
 
-  // Makes the file visible at its path: optional fsync, rename over the target, optional directory fsync.
-  // REQUIRES: finish() or abandon() has not been called; every input has been written in full.
-  // On error the temporary file is removed and the target is untouched. Errors: kInvalidArgument, kIo.
+  // Makes the file visible at its path: optional fsync, link or rename over the target, optional directory
+  // fsync. REQUIRES: finish() or abandon() has not been called; every input has been written in full.
+  // On error the new file is removed and the target is untouched. Errors: kInvalidArgument, kIo.
   Status finish();
-  // Removes the temporary file. The target is untouched. REQUIRES: finish() or abandon() has not been called.
+  // Removes the new file. The target is untouched. REQUIRES: finish() or abandon() has not been called.
   void abandon();
 
  private:
-  FileWriter(std::string path, std::string temp_path, int fd, WritePlan plan, WriteOptions options);
-  void close_and_remove();
+  FileWriter(std::string path, std::unique_ptr<internal::AtomicFile> file, WritePlan plan, WriteOptions options);
 
   std::string path_;
-  std::string temp_path_;
-  int fd_ = -1;
+  // The file being written; null once finished or abandoned.
+  std::unique_ptr<internal::AtomicFile> file_;
   WritePlan plan_;
   WriteOptions options_;
   // Bytes written per input (one counter per entry of the plan): atomic, since parts of one input may be

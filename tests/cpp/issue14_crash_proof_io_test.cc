@@ -4,13 +4,19 @@
 //   shrank after it was opened gives kIo naming the file and the tensor, never SIGBUS (C++ and C API).
 // - Only regular files are opened: a FIFO (without blocking), a socket, a device or a directory is refused
 //   at open with "not a regular file (...)".
+// - A save in progress is an anonymous file (O_TMPFILE): nothing but the previous file is in the directory
+//   until it is published, so a crash leaves nothing behind; without O_TMPFILE a named temporary file.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <cstring>
 #include <future>
 #include <string>
@@ -23,6 +29,7 @@
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
+#include "posix.h"
 #include "test_util.h"
 
 namespace safetensors {
@@ -205,6 +212,144 @@ TEST(OnlyRegularFiles, ADirectoryADeviceAndASocketAreRefused) {
   ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
   expect_not_regular(sock, "a socket");
   ::close(fd);
+}
+
+// The names in `dir`, sorted.
+std::vector<std::string> names_in(const TempDir& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool supports_tmpfile(const TempDir& dir) {
+  const int fd = ::open(dir.path().c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+// O_TMPFILE refused as by a filesystem without it (NFS, FUSE).
+int open_without_tmpfile(const char* path, int flags, mode_t mode) {
+  if ((flags & O_TMPFILE) == O_TMPFILE) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
+  return internal::real_syscalls().open(path, flags, mode);
+}
+
+std::atomic<int> g_renames{0};
+int counting_rename(const char* from, const char* to) {
+  ++g_renames;
+  return internal::real_syscalls().rename(from, to);
+}
+
+class SaveInProgress : public ::testing::TestWithParam<bool> {};
+
+// What a crash at this point would leave: with O_TMPFILE only the previous file, else also the named
+// temporary file; after finish() or abandon() only the target, either way.
+TEST_P(SaveInProgress, LeavesNothingButThePreviousFileUntilItIsPublished) {
+  const bool tmpfile = GetParam();
+  TempDir dir;
+  if (tmpfile && !supports_tmpfile(dir)) GTEST_SKIP() << dir.path() << " has no O_TMPFILE";
+  internal::Syscalls syscalls = internal::real_syscalls();
+  if (!tmpfile) syscalls.open = open_without_tmpfile;
+  internal::ScopedSyscalls scope(syscalls);
+
+  const std::string path = dir.file("model.safetensors");
+  std::vector<std::byte> a = test::random_bytes(4096, 5), b = test::random_bytes(4096, 6);
+  std::vector<TensorData> old_tensors = {{"w", Dtype::kU8, {4096}, a}};
+  std::vector<TensorData> new_tensors = {{"w", Dtype::kU8, {4096}, b}};
+  ASSERT_ST_OK(save_file(path, old_tensors));
+  const std::string before = test::read_bytes(path);
+  for (bool publish : {true, false}) {
+    auto plan = WritePlan::make(new_tensors, {});
+    ASSERT_ST_OK(plan);
+    auto w = FileWriter::create(path, std::move(*plan));
+    ASSERT_ST_OK(w);
+    ASSERT_ST_OK(w->write_part(0, 0, std::span(b).first(100)));
+    const auto during = names_in(dir);
+    if (tmpfile) {
+      EXPECT_EQ(during, std::vector<std::string>{"model.safetensors"});
+    } else {
+      ASSERT_EQ(during.size(), 2u);
+      EXPECT_EQ(during[0].rfind(".model.safetensors.", 0), 0u) << during[0];
+      EXPECT_EQ(during[0].size(), std::string(".model.safetensors.").size() + 16 + 4) << during[0];
+    }
+    EXPECT_EQ(test::read_bytes(path), before);
+    if (publish) {
+      ASSERT_ST_OK(w->write_part(0, 100, std::span(b).subspan(100)));
+      ASSERT_ST_OK(w->finish());
+      auto f = File::open(path);
+      ASSERT_ST_OK(f);
+      std::vector<std::byte> got(4096);
+      ASSERT_ST_OK(f->read_into("w", got));
+      EXPECT_EQ(got, b);
+      ASSERT_ST_OK(save_file(path, old_tensors));
+    } else {
+      w->abandon();
+      EXPECT_EQ(test::read_bytes(path), before);
+    }
+    EXPECT_EQ(names_in(dir), std::vector<std::string>{"model.safetensors"});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tmpfile, SaveInProgress, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Anonymous" : "NamedFallback"; });
+
+TEST(AtomicPublish, ANewFileIsLinkedStraightToItsNameAndAnExistingOneReplacedByRename) {
+  TempDir dir;
+  if (!supports_tmpfile(dir)) GTEST_SKIP() << dir.path() << " has no O_TMPFILE";
+  internal::Syscalls syscalls = internal::real_syscalls();
+  syscalls.rename = counting_rename;
+  internal::ScopedSyscalls scope(syscalls);
+  const mode_t old_umask = ::umask(027);
+  const std::string path = dir.file("m.safetensors");
+  g_renames = 0;
+  ASSERT_ST_OK(save_file(path, {}));
+  EXPECT_EQ(g_renames.load(), 0);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);  // 0666 minus the umask
+  ASSERT_EQ(::chmod(path.c_str(), 0604), 0);
+  ASSERT_ST_OK(save_file(path, {}, Metadata{{"k", "v"}}, {.fsync = true}));
+  EXPECT_EQ(g_renames.load(), 1);
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0604u);  // the target's bits, not the umask's
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"m.safetensors"});
+  ::umask(old_umask);
+}
+
+TEST(AtomicPublish, AFailedLinkOrRenameLeavesThePreviousFileAndNothingElse) {
+  TempDir dir;
+  if (!supports_tmpfile(dir)) GTEST_SKIP() << dir.path() << " has no O_TMPFILE";
+  const std::string path = dir.file("m.safetensors");
+  ASSERT_ST_OK(save_file(path, {}, Metadata{{"v", "old"}}));
+  const std::string before = test::read_bytes(path);
+  {
+    internal::Syscalls syscalls = internal::real_syscalls();
+    syscalls.linkat = [](int, const char*, int, const char*, int) -> int {
+      errno = EPERM;
+      return -1;
+    };
+    internal::ScopedSyscalls scope(syscalls);
+    auto st = save_file(path, {}, Metadata{{"v", "new"}});
+    EXPECT_ST_ERROR(st, kIo);
+    EXPECT_NE(st.error().to_string().find("link"), std::string::npos) << st.error().to_string();
+  }
+  EXPECT_EQ(test::read_bytes(path), before);
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"m.safetensors"});
+  {
+    internal::Syscalls syscalls = internal::real_syscalls();
+    syscalls.rename = [](const char*, const char*) -> int {
+      errno = EIO;
+      return -1;
+    };
+    internal::ScopedSyscalls scope(syscalls);
+    EXPECT_ST_ERROR(save_file(path, {}, Metadata{{"v", "new"}}), kIo);
+  }
+  EXPECT_EQ(test::read_bytes(path), before);
+  EXPECT_EQ(names_in(dir), std::vector<std::string>{"m.safetensors"});  // the temporary link is gone too
 }
 
 }  // namespace
