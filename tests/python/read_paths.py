@@ -1,0 +1,156 @@
+"""Runs every read path of the package over one file, in a child process, and reports each outcome as JSON.
+
+    python read_paths.py FILE BACKEND [--truncate-to N]
+
+FILE holds the tensors of ``tensors()``. Every handle is opened first; then, with --truncate-to, the file is
+cut to N bytes (a file that shrank after it was opened); then each path reads. The last line of stdout is
+a JSON list of ``{"path", "ok", "correct"}`` or ``{"path", "ok": false, "type", "message"}``. Before each
+path its name goes to stderr, so a parent that sees this process die (SIGBUS) or hang knows where.
+
+The zero-copy paths of the mmap backend (CPU tensors that are views of the mapping) are left out: they
+cannot be protected (README, "Backends"); test_fuse_faults shows that limit once, in a child of its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import sys
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+import torch
+
+from safetensors import _safetensors_cpp as _cpp
+from safetensors import safe_open
+from safetensors._cli import main as cli_main
+from safetensors.torch import load_file
+
+ROWS, COLS = 256, 1024
+
+
+def tensors() -> Dict[str, torch.Tensor]:
+    """``a`` (4000 bytes, first in the file) and ``b`` (1 MiB, after it)."""
+    return {
+        "a": torch.arange(1000, dtype=torch.float32),
+        "b": torch.arange(ROWS * COLS, dtype=torch.int32).reshape(ROWS, COLS),
+    }
+
+
+def _buffer(nbytes: int) -> "tuple[Any, int]":
+    buf = bytearray(nbytes)
+    return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def _cpp_paths(file: Any, want: Dict[str, torch.Tensor]) -> Dict[str, Callable[[], bool]]:
+    """The binding's reads, the ones the framework modules call."""
+    b = want["b"].numpy().tobytes()
+
+    def read_into() -> bool:
+        buf, ptr = _buffer(len(b))
+        file.read_into("b", ptr, len(b), fresh=True)
+        return bytes(buf) == b
+
+    def read_many() -> bool:
+        buf, ptr = _buffer(len(b))
+        a_buf, a_ptr = _buffer(4000)
+        file.read_many([("a", a_ptr, 4000), ("b", ptr, len(b))], threads=2, fresh=True)
+        return bytes(buf) == b and bytes(a_buf) == want["a"].numpy().tobytes()
+
+    def read_range() -> bool:
+        n = file.size - file.data_offset
+        buf, ptr = _buffer(n)
+        file.read_range(0, ptr, n, threads=2)
+        return bytes(buf)[4000:] == b
+
+    def read_owned() -> bool:
+        return torch.equal(torch.from_dlpack(file.read_owned("b")), want["b"])
+
+    def read_owned_all() -> bool:
+        got = {name: torch.from_dlpack(c) for name, c in file.read_owned_all(2)}
+        return all(torch.equal(got[k], want[k]) for k in want)
+
+    def read_bytes() -> bool:
+        return bytes(file.read_bytes("b")) == b
+
+    def read_slice_columns() -> bool:
+        plan = file.plan_slice("b", [(1, None, None, 1), (1, 3, 5, 1)])
+        buf, ptr = _buffer(plan.nbytes)
+        file.read_slice("b", plan, ptr)
+        return bytes(buf) == want["b"][:, 3:5].numpy().tobytes()
+
+    return {
+        "File.read_into": read_into,
+        "File.read_many": read_many,
+        "File.read_range": read_range,
+        "File.read_owned": read_owned,
+        "File.read_owned_all": read_owned_all,
+        "File.read_bytes": read_bytes,
+        "File.read_slice": read_slice_columns,
+    }
+
+
+def paths(filename: str, backend: str) -> Dict[str, Callable[[], bool]]:
+    """Every read path, each with its handle already open. Each returns whether the data read is right."""
+    want = tensors()
+    pt = safe_open(filename, "pt", backend=backend)
+    np_handle = safe_open(filename, "np", backend=backend)
+    out: Dict[str, Callable[[], bool]] = {
+        "pt get_slice rows": lambda: torch.equal(pt.get_slice("b")[10:200], want["b"][10:200]),
+        "pt get_slice columns": lambda: torch.equal(pt.get_slice("b")[:, 3:5], want["b"][:, 3:5]),
+        "pt get_slice element": lambda: pt.get_slice("b")[250, 7].item() == want["b"][250, 7].item(),
+        "np get_slice rows": lambda: np.array_equal(np_handle.get_slice("b")[10:200], want["b"][10:200].numpy()),
+    }
+    out.update(_cpp_paths(_cpp.File(filename, backend), want))
+    if backend == "pread":
+        # On mmap these are zero-copy views (see the module docstring).
+        out.update({
+            "pt get_tensor": lambda: torch.equal(pt.get_tensor("b"), want["b"]),
+            "pt get_tensors": lambda: all(torch.equal(v, want[k]) for k, v in pt.get_tensors().items()),
+            "np get_tensor": lambda: np.array_equal(np_handle.get_tensor("b"), want["b"].numpy()),
+            "load_file": lambda: all(torch.equal(v, want[k]) for k, v in load_file(filename, backend="pread").items()),
+        })
+    return out
+
+
+def cli_verify(filename: str) -> Dict[str, Any]:
+    """``safetensors verify``: exit code 0 and an OK line, or 1 and a FAIL line naming the file."""
+    out = io.StringIO()
+    rc = _run_cli(["verify", filename], out)
+    text = out.getvalue()
+    if rc == 0:
+        return {"path": "cli verify", "ok": True, "correct": "verify OK" in text}
+    return {"path": "cli verify", "ok": False, "type": f"exit {rc}", "message": " ".join(text.split())}
+
+
+def _run_cli(argv: List[str], out: io.StringIO) -> int:
+    old = sys.stdout
+    sys.stdout = out
+    try:
+        return cli_main(argv)
+    finally:
+        sys.stdout = old
+
+
+def main() -> None:
+    filename, backend = sys.argv[1], sys.argv[2]
+    truncate_to = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--truncate-to" else None
+    todo = paths(filename, backend)
+    if truncate_to is not None:
+        os.truncate(filename, truncate_to)
+    results: List[Dict[str, Any]] = []
+    for name, read in todo.items():
+        print(f"start {name}", file=sys.stderr, flush=True)
+        try:
+            results.append({"path": name, "ok": True, "correct": bool(read())})
+        except Exception as e:  # noqa: BLE001 -- every outcome is reported
+            results.append({"path": name, "ok": False, "type": type(e).__name__, "message": str(e)})
+    print("start cli verify", file=sys.stderr, flush=True)
+    results.append(cli_verify(filename))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
