@@ -1,9 +1,10 @@
 """Runs every read path of the package over one file, in a child process, and reports each outcome as JSON.
 
-    python read_paths.py FILE BACKEND [--truncate-to N]
+    python read_paths.py FILE BACKEND [--truncate PATH N]
 
-FILE holds the tensors of ``tensors()``. Every handle is opened first; then, with --truncate-to, the file is
-cut to N bytes (a file that shrank after it was opened); then each path reads. The last line of stdout is
+FILE holds the tensors of ``tensors()``. Every handle is opened first; then, with --truncate, PATH (FILE
+itself, or the file behind it on a FUSE mount) is cut to N bytes: a file that shrank after it was opened;
+then each path reads. The last line of stdout is
 a JSON list of ``{"path", "ok", "correct"}`` or ``{"path", "ok": false, "type", "message"}``. Before each
 path its name goes to stderr, so a parent that sees this process die (SIGBUS) or hang knows where.
 
@@ -26,7 +27,7 @@ import torch
 from safetensors import _safetensors_cpp as _cpp
 from safetensors import safe_open
 from safetensors._cli import main as cli_main
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 
 ROWS, COLS = 256, 1024
 
@@ -37,6 +38,11 @@ def tensors() -> Dict[str, torch.Tensor]:
         "a": torch.arange(1000, dtype=torch.float32),
         "b": torch.arange(ROWS * COLS, dtype=torch.int32).reshape(ROWS, COLS),
     }
+
+
+def save_bytes() -> bytes:
+    """The bytes of a file of ``tensors()``."""
+    return save(tensors())
 
 
 def _buffer(nbytes: int) -> "tuple[Any, int]":
@@ -134,12 +140,28 @@ def _run_cli(argv: List[str], out: io.StringIO) -> int:
         sys.stdout = old
 
 
+def run(filename: str, backend: str, *extra: str, timeout: float = 120) -> List[Dict[str, Any]]:
+    """This script over `filename` in a child process; AssertionError (naming the path it was on) if the
+    child dies (a signal: SIGBUS) or hangs past `timeout`."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([sys.executable, __file__, filename, backend, *extra], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise AssertionError(f"the reads hung ({backend}), at: {stderr.strip().splitlines()[-1:]}") from None
+    if proc.returncode != 0:
+        raise AssertionError(f"the reads died with {proc.returncode} ({backend}), at: "
+                             f"{proc.stderr.strip().splitlines()[-1:]}\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 def main() -> None:
     filename, backend = sys.argv[1], sys.argv[2]
-    truncate_to = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--truncate-to" else None
     todo = paths(filename, backend)
-    if truncate_to is not None:
-        os.truncate(filename, truncate_to)
+    if sys.argv[3:4] == ["--truncate"]:
+        os.truncate(sys.argv[4], int(sys.argv[5]))
     results: List[Dict[str, Any]] = []
     for name, read in todo.items():
         print(f"start {name}", file=sys.stderr, flush=True)

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
 
 import pytest
 
@@ -26,23 +25,9 @@ from safetensors import _safetensors_cpp as _cpp  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-READ_PATHS = Path(__file__).resolve().parent / "read_paths.py"
-sys.path.insert(0, str(READ_PATHS.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import read_paths  # noqa: E402
 from read_paths import tensors  # noqa: E402
-
-
-def run_read_paths(path: Path, backend: str, *extra: str, timeout: float = 120) -> List[Dict[str, Any]]:
-    """read_paths.py over `path` in a child; fails (naming the path it was on) if the child dies or hangs."""
-    try:
-        proc = subprocess.run([sys.executable, str(READ_PATHS), str(path), backend, *extra],
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        last = (e.stderr or b"").decode(errors="replace").strip().splitlines()[-1:]
-        pytest.fail(f"the reads hung ({backend}), at: {last}")
-    if proc.returncode != 0:
-        last = proc.stderr.strip().splitlines()[-1:]
-        pytest.fail(f"the reads died with {proc.returncode} ({backend}), at: {last}\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.splitlines()[-1])
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
@@ -51,7 +36,7 @@ def test_a_file_cut_short_after_open_gives_an_error_on_every_read_path(tmp_path:
     save_file(tensors(), path)
     # Keep the header, `a` (4000 bytes) and 16 bytes of `b`.
     cut = _cpp.File(str(path), "pread").data_offset + 4000 + 16
-    results = run_read_paths(path, backend, "--truncate-to", str(cut))
+    results = read_paths.run(str(path), backend, "--truncate", str(path), str(cut))
     assert len(results) >= 12, results
     for r in results:
         assert not r["ok"], r
