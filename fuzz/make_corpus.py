@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the fuzz seed corpus: fuzz/corpus/{header,read,roundtrip}/ (whole files, valid and invalid) and
-fuzz/corpus/slice/ (encoded slice cases, see slice_fuzzer.cc). Deterministic: running it again rewrites the
+"""Writes the fuzz seed corpus: fuzz/corpus/{header,read,roundtrip}/ (whole files, valid and invalid),
+fuzz/corpus/slice/ (encoded slice cases, see slice_fuzzer.cc) and fuzz/corpus/fault/ (a fault plan before a
+file, see fault_fuzzer.cc). Deterministic: running it again rewrites the
 same files. Needs only the standard library.
 
     python fuzz/make_corpus.py            # rewrite the committed seeds
@@ -219,6 +220,40 @@ def slice_seeds() -> Dict[str, bytes]:
     return {f"case_{i:02d}": enc_slice_case(*c) for i, c in enumerate(cases)}
 
 
+# --- fault cases (must match fault_fuzzer.cc's decoder) --------------------------------------------------
+
+NO_FAULT = 0xFFFFFFFF
+
+
+def enc_fault_case(eio: int, end: int, knob: int, file: bytes) -> bytes:
+    return struct.pack("<IIB", eio, end, knob) + file
+
+
+def fault_seeds(files: Dict[str, bytes]) -> Dict[str, bytes]:
+    """Each valid file with no fault, an EIO and an early end in its data (at the start, in the middle, at the
+    last byte), and each in its header."""
+    seeds: Dict[str, bytes] = {}
+    for name in ("model_like", "every_dtype", "scalar_and_empty", "zero_size_at_one_offset", "wide_rows",
+                 "tall_f32", "one_f4"):
+        file = files[name]
+        data_offset = 8 + struct.unpack("<Q", file[:8])[0]
+        middle = (data_offset + len(file)) // 2
+        cases = {
+            "none": (NO_FAULT, NO_FAULT),
+            "eio_first_data_byte": (data_offset, NO_FAULT),
+            "eio_middle": (middle, NO_FAULT),
+            "eio_last_byte": (len(file) - 1, NO_FAULT),
+            "end_middle": (NO_FAULT, middle),
+            "end_one_short": (NO_FAULT, len(file) - 1),
+            "eio_header": (3, NO_FAULT),
+            "end_in_header": (NO_FAULT, data_offset - 1),
+            "both": (middle, len(file) - 1),
+        }
+        for i, (case, (eio, end)) in enumerate(cases.items()):
+            seeds[f"{name}_{case}"] = enc_fault_case(eio, end, i, file)
+    return seeds
+
+
 def write(dirname: str, seeds: Dict[str, bytes]) -> None:
     d = ROOT / dirname
     if d.exists():
@@ -233,6 +268,7 @@ def main() -> None:
     write("header", files)
     write("roundtrip", files)
     write("read", {**files, **read_only_seeds()})
+    write("fault", fault_seeds({**files, **read_only_seeds()}))
     write("slice", slice_seeds())
     total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
     print(f"wrote {sum(1 for p in ROOT.rglob('*') if p.is_file())} seeds, {total} bytes, under {ROOT}")

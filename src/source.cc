@@ -248,7 +248,7 @@ Result<std::span<const std::byte>> FaultySource::read_checked(std::uint64_t offs
   }
   // read() checked that offset + dst.size() does not overflow.
   const std::int64_t end = end_at_offset.load();
-  if (end >= 0 && offset + dst.size() > static_cast<std::uint64_t>(end)) {
+  if (end >= 0 && !dst.empty() && offset + dst.size() > static_cast<std::uint64_t>(end)) {
     return Error::io(name(), "file is shorter than expected (it changed after it was opened): " + std::string(what) +
                                  " (" + std::to_string(dst.size()) + " bytes at offset " + std::to_string(offset) +
                                  ") reached end of file (injected)");

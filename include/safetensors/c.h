@@ -212,7 +212,9 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_file_read_into(const safetenso
 typedef struct safetensors_view_t safetensors_view_t;
 
 /* A view of tensor i's bytes inside the mapping (or the caller's memory). Errors: SAFETENSORS_INVALID_ARGUMENT
-   (i out of range; the PREAD backend, which has no mapping: use safetensors_file_read_into). */
+   (i out of range; the PREAD backend, which has no mapping: use safetensors_file_read_into). Unlike every
+   read, which reports a file that shrank or fails underneath as SAFETENSORS_IO, touching such a page of a
+   view raises SIGBUS. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_file_view(const safetensors_file_t* file, size_t i,
                                                             safetensors_view_t** view, safetensors_error_t** error);
 /* The bytes; valid until the view is freed. NULL only for an empty tensor on some backends. */

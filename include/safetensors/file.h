@@ -9,8 +9,10 @@
 // open() reads the 8-byte length and the JSON header, and validates them completely (COMPAT.md section 2)
 // before returning: every tensor lies inside the file, tensors tile the data buffer exactly, and every size
 // fits in 64 bits. Nothing proportional to a size declared in the file is allocated before that size has been
-// checked against the file's real size. After open() succeeds, reads fail only on I/O errors (or a file that
-// shrank after it was opened, on the pread backend).
+// checked against the file's real size. After open() succeeds, reads fail only on I/O errors, including a
+// file that shrank after it was opened: every read (read_into, read_many, read_range, read_slice) is a
+// positional read on both backends, so these come back as kIo naming the file and the tensor, never as
+// SIGBUS. Only the bytes of a zero-copy view() are unprotected (see view()).
 //
 // Thread safety: a File is immutable after open(); it is safe for concurrent use by multiple threads (reads are
 // positional and share no cursor). Copying a File is cheap and shares the underlying state.
@@ -114,7 +116,9 @@ class SAFETENSORS_EXPORT File {
   Result<const TensorInfo*> info(std::string_view name) const;
 
   // Zero-copy view of a tensor's bytes. Errors: kTensorNotFound; kInvalidArgument on the pread backend, which
-  // has no mapping (use read_into()).
+  // has no mapping (use read_into()). On the mmap backend the bytes are the mapping itself: touching a page
+  // the file no longer backs (it shrank, or fails with EIO underneath) raises SIGBUS, which no error can
+  // report; use read_into() where that matters.
   Result<TensorView> view(std::string_view name) const;
   Result<TensorView> view(const TensorInfo& tensor) const;
 
@@ -126,8 +130,8 @@ class SAFETENSORS_EXPORT File {
   // Plans `indices` over the tensor (see SlicePlan::make) -- for sizing the destination -- with this file
   // and the tensor named in errors.
   Result<SlicePlan> plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const;
-  // Copies the bytes the plan selects into dst, reading only runs the plan names (close runs are coalesced
-  // into one read on the pread backend). REQUIRES: plan was made for `tensor`; dst.size() == plan.nbytes().
+  // Copies the bytes the plan selects into dst, reading only runs the plan names (close runs of a file are
+  // coalesced into one read). REQUIRES: plan was made for `tensor`; dst.size() == plan.nbytes().
   Status read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const;
 
   // Reads many tensors into caller buffers, using up to `threads` threads (0 = a default based on the

@@ -109,7 +109,8 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   // When >= 0, a read whose range contains this offset fails with kIo (EIO).
   std::atomic<std::int64_t> eio_at_offset{-1};
   // When >= 0, the file seems to end here (it shrank after it was opened): a read that reaches past this
-  // offset fails with kIo, "file is shorter than expected". size() is unchanged, as for a real file.
+  // offset fails with kIo, "file is shorter than expected" (an empty read never fails). size() is unchanged,
+  // as for a real file.
   std::atomic<std::int64_t> end_at_offset{-1};
   // When set, data() returns nullptr, so callers must take the positional-read path.
   std::atomic<bool> hide_mapping{false};
