@@ -5,7 +5,8 @@
 //   - mmap:   a private (copy-on-write) mapping of a file, exposed whole by data() for zero-copy views.
 //             read() still uses pread(2) on the file's descriptor: a mapped page of a file that shrank or
 //             fails with EIO underneath (NFS, FUSE) raises SIGBUS when touched, a positional read returns
-//             an error, so every read the library makes for a caller is a positional read.
+//             an error, so every read the library makes for a caller is a positional read. The Source
+//             keeps the descriptor open for that as long as it (and so any view of it) lives.
 //   - pread:  positional reads with pread(2) into the caller's buffer; no mapping, no shared file position.
 //   - memory: a caller's buffer, kept alive by an owner the caller supplies. read() returns views into it.
 // open_file_source() opens regular files only, and picks mmap or pread; if mapping fails (address-space
