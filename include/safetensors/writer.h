@@ -9,8 +9,9 @@
 // a caller's buffer (serialize_into) or into a file (FileWriter / save_file). A file is written to an
 // anonymous file (O_TMPFILE) in the target's directory -- a named temporary file where the filesystem has
 // no O_TMPFILE -- and linked or renamed over the target only when complete, so a failed or interrupted
-// save leaves the previous file untouched (and, with O_TMPFILE, nothing else behind), and readers that have
-// the old file mapped keep seeing the old bytes.
+// save leaves the previous file untouched (and, with O_TMPFILE, nothing else behind, but for a crash between
+// the final link and rename: see AtomicFile::publish), and readers that have the old file mapped keep seeing
+// the old bytes.
 //
 // Thread safety: WritePlan is immutable and safe to share. FileWriter requires external synchronization,
 // except that write() and write_part() of distinct byte ranges may run concurrently (positional writes).

@@ -2,7 +2,8 @@
 
 - A save killed with SIGKILL at any point leaves the file it replaces intact, byte for byte (or, once the
   rename has happened, the complete new file), and -- where the filesystem has O_TMPFILE, as ext4 and tmpfs
-  do -- no other file behind: 120 trials spread over the whole duration of a save.
+  do -- no other file behind, but for the rare kill between the final link and rename: 120 trials spread
+  over the whole duration of a save.
 - Saving over the file the caller's tensors are memory-mapped from leaves those tensors (and open handles)
   with the old data and the file with the new.
 - A file truncated after it was opened gives an error on the pread backend, not a crash.
@@ -86,10 +87,15 @@ _KILLER = textwrap.dedent(
         with open(path, "rb") as f:
             got = f.read()
         leftovers = [n for n in os.listdir(directory) if n != "model.safetensors"]
+        complete = []  # leftovers that hold the whole new file: killed between its link and its rename
         for n in leftovers:
+            with open(os.path.join(directory, n), "rb") as f:
+                if f.read() == new:
+                    complete.append(n)
             os.unlink(os.path.join(directory, n))
         outcome = "old" if got == old else "new" if got == new else "corrupt"
-        report["trials"].append({"delay": delay, "outcome": outcome, "leftovers": leftovers, "writing": writing})
+        report["trials"].append({"delay": delay, "outcome": outcome, "leftovers": leftovers, "complete": complete,
+                                 "writing": writing})
     print(json.dumps(report))
     """
 )
@@ -124,8 +130,17 @@ def test_sigkill_during_save_leaves_the_previous_file_intact_and_nothing_else(tm
     assert writing > 0, report["save_seconds"]
     print(f"{TRIALS} kills: {outcomes}, {writing} while writing, {len(left)} left a file behind")
     if has_tmpfile(tmp_path):
-        # The new file is anonymous until it is complete, so no kill leaves anything behind.
-        assert not left, f"{len(left)} of {TRIALS} kills left files behind: {left[:3]}"
+        # The new file is anonymous until it is complete, so no kill while writing leaves anything behind.
+        # Only a kill that lands between linking the complete file under a temporary name and renaming it
+        # over the target (two adjacent syscalls, AtomicFile::publish; Linux cannot link over an existing
+        # file) leaves one: the whole new file beside the untouched old one. That window is tiny -- 9 of
+        # 4,500 kills of 12-16 ms saves on ext4 hit it, 0.2% -- so up to 3 such files are tolerated (a run of
+        # 120 kills expects 0.24; more than 3 has a chance of about 1 in 10,000), anything else is not.
+        window = [t for t in left if t["outcome"] == "old" and t["complete"] == t["leftovers"]
+                  and len(t["leftovers"]) == 1]
+        others = [t for t in left if t not in window]
+        assert not others, f"{len(others)} of {TRIALS} kills left files behind: {others[:3]}"
+        assert len(window) <= 3, window
     else:
         for t in left:
             assert all(n.startswith(".model.safetensors.") and n.endswith(".tmp") for n in t["leftovers"]), t
