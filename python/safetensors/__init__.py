@@ -6,6 +6,7 @@ reference; see README.md for where this package deliberately does better.
 
 from ._core import (  # noqa: F401
     SafetensorError,
+    SafetensorIOError,
     SafetensorSliceError,
     TensorSpec,
     _safe_open_handle,
@@ -19,6 +20,7 @@ __version__ = "0.8.0+cpp.1"
 
 __all__ = [
     "SafetensorError",
+    "SafetensorIOError",
     "SafetensorSliceError",
     "TensorSpec",
     "__version__",

@@ -14,11 +14,12 @@ import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _safetensors_cpp as _cpp
-from ._safetensors_cpp import SafetensorError, SafetensorSliceError
+from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
 from ._slicing import IndexPlan, parse_index
 
 __all__ = [
     "SafetensorError",
+    "SafetensorIOError",
     "SafetensorSliceError",
     "TensorSpec",
     "deserialize",

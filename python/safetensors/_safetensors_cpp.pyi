@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 from safetensors import (
     SafetensorError as SafetensorError,
+    SafetensorIOError as SafetensorIOError,
     SafetensorSliceError as SafetensorSliceError
 )
 
