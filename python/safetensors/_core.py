@@ -137,6 +137,12 @@ class Framework:
     def stack(self, tensors: List[Any], axis: int) -> Any:
         raise NotImplementedError
 
+    def reference_slice_error(self, reader: "_Reader", index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
+        """The reference's text for an index our slicer refused (None where the reference accepts it)."""
+        from ._slice_errors import rust_indexer_error
+
+        return rust_indexer_error(index, shape)
+
     # -- loading strategies ------------------------------------------------------------------------------
     def get_tensor(self, reader: "_Reader", name: str) -> Any:
         """``safe_open.get_tensor``: one tensor, looked up by name."""
@@ -315,9 +321,17 @@ class SafeSlice:
         return shape[0]
 
     def __getitem__(self, index: Any) -> Any:
-        code, shape, _, _ = self._reader.file.info(self._name)
-        plan = parse_index(index, len(shape))
-        return self._reader.adapter.load_slice(self._reader, self._name, code, plan)
+        reader = self._reader
+        code, shape, _, _ = reader.file.info(self._name)
+        try:
+            plan = parse_index(index, len(shape))
+            return reader.adapter.load_slice(reader, self._name, code, plan)
+        except SafetensorSliceError as e:
+            # Refused: where the reference refuses the same index too, its exact words.
+            text = reader.adapter.reference_slice_error(reader, index, code, shape)
+            if text is None:
+                raise
+            raise SafetensorSliceError(text) from e
 
 
 def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> safe_open:

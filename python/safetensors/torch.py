@@ -251,6 +251,15 @@ class _Torch(Framework):
     def stack(self, tensors: List[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.stack(tensors, axis)
 
+    def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
+        # The reference indexes a torch tensor on the mmap backend (torch's errors) and uses its own indexer
+        # on the pread backend.
+        if reader.file.backend == "mmap":
+            from ._slice_errors import torch_indexing_error
+
+            return torch_indexing_error(index, _torch_shape(code, shape))
+        return super().reference_slice_error(reader, index, code, shape)
+
 
 _ADAPTER = _Torch()
 
