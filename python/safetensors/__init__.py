@@ -8,6 +8,9 @@ from ._core import (  # noqa: F401
     SafetensorError,
     SafetensorIOError,
     SafetensorSliceError,
+    PrefetchLoader,
+    PySafeSlice,
+    TensorMeta,
     TensorSpec,
     _safe_open_handle,
     deserialize,
@@ -16,12 +19,15 @@ from ._core import (  # noqa: F401
     serialize_file,
 )
 
-__version__ = "0.8.0+cpp.1"
+__version__ = "0.8.0+cpp.2"
 
 __all__ = [
     "SafetensorError",
     "SafetensorIOError",
     "SafetensorSliceError",
+    "PrefetchLoader",
+    "PySafeSlice",
+    "TensorMeta",
     "TensorSpec",
     "__version__",
     "deserialize",

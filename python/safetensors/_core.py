@@ -15,12 +15,16 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
+from ._prefetch import PrefetchLoader
 from ._slicing import IndexPlan, parse_index
 
 __all__ = [
     "SafetensorError",
     "SafetensorIOError",
     "SafetensorSliceError",
+    "PrefetchLoader",
+    "PySafeSlice",
+    "TensorMeta",
     "TensorSpec",
     "deserialize",
     "safe_open",
@@ -291,15 +295,80 @@ class safe_open:
         with gc_paused():
             return reader.adapter.get_all(reader)
 
-    def get_slice(self, name: str) -> "SafeSlice":
+    def get_slice(self, name: str) -> "PySafeSlice":
         """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
         reader = self._open()
         if name not in reader.file:
             reader.file.info(name)  # raises the reference's "File does not contain tensor" error
-        return SafeSlice(reader, name)
+        return PySafeSlice(reader, name)
+
+    def get_tensor_meta(self, name: str) -> "TensorMeta":
+        """Tensor ``name``'s header entry (dtype code, shape, data offsets); no data is read."""
+        code, shape, begin, end = self._open().file.info(name)
+        return TensorMeta(code, list(shape), (begin, end))
+
+    def prefetch(self, plan: Optional[Dict[str, Optional[slice]]] = None, *, device: Any = None,
+                 threads: int = 8) -> "PrefetchLoader":
+        """Starts loading tensors in the background and returns at once.
+
+        Args:
+            plan: ``None`` loads every tensor whole; else ``{name: None | slice}``, a slice taking rows
+                ``[start, stop)`` of the first dimension (step 1; negative bounds count from the end).
+            device: where the tensors go (defaults to the handle's device): ``"cpu"``, ``"cuda:0"``,
+                ``"npu:1"``, an int (a device of the current accelerator), a ``torch.device``...
+            threads: reader threads of this loader (CPU loads).
+
+        Every error of the plan is raised here, before anything is read. Only ``framework="pt"``.
+        """
+        reader = self._open()
+        if reader.adapter.name != "pytorch":
+            raise SafetensorError('prefetch is only compatible with framework="pt"')
+        from ._prefetch import plan_pieces
+
+        target = reader.device if device is None else reader.adapter.resolve_device(device)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise SafetensorError(f"prefetch threads must be a positive integer, got {threads!r}")
+        return PrefetchLoader(reader, plan_pieces(reader, plan), target, threads)
 
 
-class SafeSlice:
+class TensorMeta:
+    """A tensor's header entry, as written in the file: ``dtype`` (the code, e.g. ``"F32"``), ``shape`` and
+    ``data_offsets`` (``(begin, end)`` within the data buffer). Built without reading any data."""
+
+    __slots__ = ("_dtype", "_shape", "_offsets")
+
+    def __init__(self, dtype: str, shape: List[int], data_offsets: Tuple[int, int]) -> None:
+        self._dtype = dtype
+        self._shape = shape
+        self._offsets = data_offsets
+
+    @property
+    def dtype(self) -> str:
+        return self._dtype
+
+    @property
+    def shape(self) -> List[int]:
+        return list(self._shape)
+
+    @property
+    def data_offsets(self) -> Tuple[int, int]:
+        return self._offsets
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorMeta):
+            return NotImplemented
+        return (self._dtype, self._shape, self._offsets) == (other._dtype, other._shape, other._offsets)
+
+    def __hash__(self) -> int:
+        return hash((self._dtype, tuple(self._shape), self._offsets))
+
+    def __repr__(self) -> str:
+        shape = ", ".join(str(d) for d in self._shape)
+        return (f'TensorMeta {{ dtype: "{self._dtype}", shape: [{shape}], data_offsets: '
+                f"({self._offsets[0]}, {self._offsets[1]}) }}")
+
+
+class PySafeSlice:
     """A tensor not read yet: ``get_shape()``, ``get_dtype()``, and ``[index]`` with numpy semantics."""
 
     __slots__ = ("_reader", "_name")
