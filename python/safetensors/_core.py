@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
-from ._prefetch import PrefetchLoader
+from ._prefetch import PrefetchLoader, TensorStream
 from ._slicing import IndexPlan, parse_index
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "PySafeSlice",
     "TensorMeta",
     "TensorSpec",
+    "TensorStream",
     "deserialize",
     "safe_open",
     "_safe_open_handle",
@@ -403,9 +404,11 @@ class PySafeSlice:
             raise SafetensorSliceError(text) from e
 
 
-def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> safe_open:
-    """Opens the file behind an open file object (by its ``name``)."""
-    return safe_open(f.name, framework, device, backend=backend)
+class _safe_open_handle(safe_open):
+    """``safe_open`` over an open file object (opened by its ``name``), as the reference's class of this name."""
+
+    def __init__(self, f: Any, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> None:
+        super().__init__(f.name, framework, device, backend=backend)
 
 
 class TensorSpec:

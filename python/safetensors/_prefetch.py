@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from ._safetensors_cpp import SafetensorError
 
@@ -205,23 +205,24 @@ class PrefetchLoader:
                 self._check_open()
             return self._hand_out(name)
 
-    def __iter__(self) -> Iterator[Tuple[str, Any]]:
+    def __iter__(self) -> "TensorStream":
         """``(name, tensor)`` pairs as their bytes land (unspecified order); tensors already taken are skipped."""
-        while True:
-            with self._lock:
+        return TensorStream(self)
+
+    def _next_landed(self) -> Optional[Tuple[str, Any]]:
+        """The next landed tensor not taken yet, waiting for one; None once every tensor has been handed out."""
+        with self._lock:
+            self._check_open()
+            while True:
+                while self._landed and self._landed[0] in self._taken:
+                    self._landed.popleft()
+                if self._landed:
+                    name = self._landed.popleft()
+                    return name, self._hand_out(name)
+                if len(self._taken) == len(self._order):
+                    return None
+                self._lock.wait()
                 self._check_open()
-                while True:
-                    while self._landed and self._landed[0] in self._taken:
-                        self._landed.popleft()
-                    if self._landed or len(self._taken) == len(self._order):
-                        break
-                    self._lock.wait()
-                    self._check_open()
-                if not self._landed:
-                    return
-                name = self._landed.popleft()
-                tensor = self._hand_out(name)
-            yield name, tensor
 
     def close(self) -> None:
         """Stops the background load and releases every tensor not taken yet; tensors already handed out keep
@@ -263,6 +264,25 @@ class PrefetchLoader:
         if error is not None:
             raise error
         return self._ready.pop(name)
+
+
+class TensorStream:
+    """Iterator over a :class:`PrefetchLoader`: ``(name, tensor)`` pairs in landing order, each tensor
+    delivered once."""
+
+    __slots__ = ("_loader",)
+
+    def __init__(self, loader: PrefetchLoader) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> "TensorStream":
+        return self
+
+    def __next__(self) -> Tuple[str, Any]:
+        item = self._loader._next_landed()
+        if item is None:
+            raise StopIteration
+        return item
 
 
 def _read_cpu(file: Any, piece: Piece) -> Any:

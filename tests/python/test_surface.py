@@ -96,7 +96,11 @@ def describe(modname):
             entry["imported"] = origin != modname and entry["alias"] is None
             if inspect.isclass(value):
                 members = {}
-                for member, attr in vars(value).items():
+                # Members it defines or inherits from classes of its own library (ours may share methods by
+                # subclassing, e.g. _safe_open_handle(safe_open)); not those of object or builtin exceptions.
+                own_mro = [k for k in reversed(value.__mro__)
+                           if k is value or not (k is object or (issubclass(k, BaseException) and k.__module__ == "builtins"))]
+                for member, attr in ((m, a) for k in own_mro for m, a in vars(k).items()):
                     if member.startswith("_") and member not in PROTOCOL:
                         continue
                     if member in PROTOCOL:
