@@ -188,6 +188,7 @@ def test_copy_stats_count_each_requested_copy():
     assert stats["d2h"] == {"count": 1, "bytes": 32}
     assert stats["non_blocking"] == 1
     assert stats["fallback"] == {"count": 0, "bytes": 0}
+    assert stats["async"] == {"count": 0, "bytes": 0, "max_depth": 0}  # pageable sources are copied at once
     npu_sim.reset_copy_stats()
     assert npu_sim.copy_stats()["h2d"] == {"count": 0, "bytes": 0}
 
@@ -316,8 +317,8 @@ def test_pinned_host_memory_comes_from_the_backend():
     assert not source.is_pinned()
     staged = source.pin_memory()
     assert staged.is_pinned() and torch.equal(staged, source) and staged.data_ptr() != source.data_ptr()
-    on_device = staged.to("npu:1", non_blocking=True)
-    torch.npu.synchronize()
+    on_device = staged.to("npu:1", non_blocking=True)  # queued on npu:1 (see test_npu_async.py)
+    torch.npu.synchronize("npu:1")
     assert torch.equal(on_device.cpu(), source)
     del pinned, staged
     assert npu_sim.pinned_bytes_allocated() == before
@@ -327,7 +328,7 @@ def test_pinned_host_memory_comes_from_the_backend():
 
 # ---- streams, events, other ops ----
 
-def test_streams_and_events_are_synchronous_no_ops():
+def test_streams_and_events_with_nothing_queued_are_complete():
     torch.npu.synchronize()
     torch.npu.synchronize("npu:1")
     stream = torch.npu.Stream(1)
