@@ -158,26 +158,66 @@ def load_sharded(
 
 # -- the schedule: a pure function of what the ranks need ------------------------------------------------------
 
-def schedule(needs: Sequence[Sequence[Sequence[Interval]]], data_offsets: Sequence[int], chunk_bytes: int) -> List[Chunk]:
+def schedule(needs: Sequence[Sequence[Sequence[Interval]]], data_offsets: Sequence[int], chunk_bytes: int,
+             boundaries: Optional[Sequence[Sequence[int]]] = None) -> List[Chunk]:
     """The group's chunks, in the order every rank processes them.
 
     ``needs[r][f]`` are rank ``r``'s intervals of file ``f`` (sorted, disjoint, non-empty); ``data_offsets[f]``
-    is where file ``f``'s data buffer starts (chunk cuts fall on multiples of ``chunk_bytes`` in file offsets).
-    Every byte some rank needs is in exactly one chunk, read by one of the ranks that need it.
+    is where file ``f``'s data buffer starts; ``boundaries[f]`` (optional) are its tensors' begin/end offsets.
+    Every byte some rank needs is in exactly one chunk, read by one of the ranks that need it, the one with the
+    fewest bytes so far. Chunks are cut where the set of ranks needing the bytes changes; a tensor of at least
+    a quarter of ``chunk_bytes`` gets chunks of its own (they land in it without staging), cut inside at
+    multiples of ``chunk_bytes`` in file offsets (page-aligned; see ``_cut``); smaller tensors share chunks of
+    up to ``chunk_bytes``.
     """
     world = len(needs)
     assigned = [0] * world
     out: List[Chunk] = []
+
+    def emit(f: int, begin: int, end: int, needers: Tuple[int, ...]) -> None:
+        owner = min(needers, key=lambda r: (assigned[r], r))
+        assigned[owner] += end - begin
+        out.append(Chunk(f, begin, end, owner, needers))
+
     for f, base in enumerate(data_offsets):
+        cuts = sorted(set(boundaries[f])) if boundaries is not None else []
         for begin, end, needers in _regions([rank_needs[f] if f < len(rank_needs) else [] for rank_needs in needs]):
-            pos = begin
-            while pos < end:
-                cut = ((base + pos) // chunk_bytes + 1) * chunk_bytes - base
-                stop = min(end, cut)
-                owner = min(needers, key=lambda r: (assigned[r], r))
-                assigned[owner] += stop - pos
-                out.append(Chunk(f, pos, stop, owner, needers))
-                pos = stop
+            lo, hi = bisect.bisect_right(cuts, begin), bisect.bisect_left(cuts, end)
+            edges = [begin] + cuts[lo:hi] + [end]
+            group_begin = group_end = begin  # small tensors gathered into one chunk
+            for s, e in zip(edges, edges[1:]):
+                if e - s >= chunk_bytes // 4:
+                    if group_end > group_begin:
+                        emit(f, group_begin, group_end, needers)
+                    for piece_begin, piece_end in _cut(base, s, e, chunk_bytes):
+                        emit(f, piece_begin, piece_end, needers)
+                    group_begin = group_end = e
+                else:
+                    if group_end - group_begin + (e - s) > chunk_bytes:
+                        emit(f, group_begin, group_end, needers)
+                        group_begin = s
+                    group_end = e
+            if group_end > group_begin:
+                emit(f, group_begin, group_end, needers)
+    return out
+
+
+def _cut(base: int, begin: int, end: int, chunk_bytes: int) -> List[Interval]:
+    """[begin, end) of one tensor cut at multiples of ``chunk_bytes`` in file offsets (``base`` + offset), a
+    head or tail shorter than a quarter chunk joined to its neighbour: chunks stay under 1.5 x chunk_bytes,
+    and no rank gets two adjacent chunks for a sliver (which the kernel would take for a sequential read and
+    read ahead into the next rank's bytes)."""
+    small = chunk_bytes // 4
+    out: List[Interval] = []
+    pos = begin
+    while pos < end:
+        stop = min(end, ((base + pos) // chunk_bytes + 1) * chunk_bytes - base)
+        if stop - pos < small and stop < end:
+            stop = min(end, stop + chunk_bytes)
+        if end - stop < small:
+            stop = end
+        out.append((pos, stop))
+        pos = stop
     return out
 
 
@@ -450,7 +490,10 @@ def _load(source: Any, device: Any, group: Optional[dist.ProcessGroup], plan: Pl
         raise SafetensorError(text) from cause
 
     # 3. Schedule.
-    chunks = schedule([s["needs"] for s in statuses], [off for _, _, off in statuses[0]["files"]], chunk_bytes)
+    # Every rank has the same layouts (checked above), so tensor boundaries need no exchange.
+    bounds = [[x for _, (_, _, b, e) in o.file.infos() for x in (b, e)] for o in opened]
+    chunks = schedule([s["needs"] for s in statuses], [off for _, _, off in statuses[0]["files"]], chunk_bytes,
+                      bounds)
     stats.chunks = len(chunks)
     stats.bytes_scheduled = sum(c.end - c.begin for c in chunks)
     stats.bytes_needed = sum(e - b for needs in status["needs"] for b, e in needs)

@@ -294,7 +294,7 @@ def test_replicated_every_rank_gets_load_file(run, ckpt, scenario):
     chunk = CHUNK if scenario != "replicated_mmap" else 64 << 10
     for s in stats:
         assert s["bytes_needed"] == data_bytes
-        assert abs(s["bytes_read"] - data_bytes / world) <= chunk, stats
+        assert abs(s["bytes_read"] - data_bytes / world) <= 1.5 * chunk, stats
         assert s["bytes_received"] == data_bytes - s["bytes_read"]
 
 
@@ -428,7 +428,26 @@ def test_schedule_spreads_a_replicated_load_evenly():
     world, size = 4, 10 * (1 << 20) + 12345
     chunks = sdist.schedule([[[(0, size)]]] * world, [4096], 1 << 20)
     per = [sum(c.end - c.begin for c in chunks if c.owner == r) for r in range(world)]
-    assert sum(per) == size and max(per) - min(per) <= 1 << 20
+    assert sum(per) == size and max(per) - min(per) <= 1.5 * (1 << 20)  # one chunk, a tail joined
+
+
+def test_schedule_gives_large_tensors_chunks_of_their_own_and_groups_small_ones():
+    chunk = 1 << 16
+    sizes = [100, 200, 3 * chunk + 5, 50, chunk // 4, 70, 80] + [chunk // 8] * 20
+    bounds, pos = [], 0
+    for n in sizes:
+        bounds.append((pos, pos + n))
+        pos += n
+    chunks = sdist.schedule([[[(0, pos)]], [[(0, pos)]]], [8], chunk, [[x for b in bounds for x in b]])
+    assert [(c.begin, c.end) for c in chunks][0] == (0, 300)  # the two small ones share a chunk
+    for c in chunks:
+        assert c.end - c.begin < 1.5 * chunk  # a sliver of a large tensor joins its neighbour
+        inside = [b for b in bounds if b[0] < c.end and c.begin < b[1]]
+        if len(inside) > 1:  # a shared chunk holds small tensors only, whole, up to one chunk
+            assert c.end - c.begin <= chunk
+            assert all(e - b < chunk // 4 and c.begin <= b and e <= c.end for b, e in inside), (c, inside)
+    assert sum(c.end - c.begin for c in chunks) == pos
+    assert {c.owner for c in chunks} == {0, 1}
 
 
 def test_outside_a_process_group_it_says_what_to_do(ckpt):
@@ -503,7 +522,7 @@ def test_two_hosts_over_a_veth_pair(two_hosts, ckpt, tmp_path):
     got = ranks["replicated"]
     for result in got:
         assert result["tensors"] == ckpt["expected"]
-        assert abs(result["stats"]["bytes_read"] - data_bytes / world) <= CHUNK
+        assert abs(result["stats"]["bytes_read"] - data_bytes / world) <= 1.5 * CHUNK
         assert result["stats"]["bytes_received"] == data_bytes - result["stats"]["bytes_read"]
     want = planned_bytes(ckpt["path"], plans)
     for rank, result in enumerate(ranks["planned"]):
