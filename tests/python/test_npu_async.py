@@ -246,6 +246,7 @@ def test_torch_accelerator_synchronize_drains_the_current_device():
 
 
 def test_freeing_either_side_of_a_queued_copy_is_safe():
+    gc.collect()  # garbage of earlier tests must not be freed between the counts below
     pinned_before = npu_sim.pinned_bytes_allocated()
     device_before = npu_sim.bytes_allocated(0)
     with npu_sim.queue_paused(0):
@@ -253,7 +254,6 @@ def test_freeing_either_side_of_a_queued_copy_is_safe():
         kept = source.to("npu:0", non_blocking=True)
         dropped = source.to("npu:0", non_blocking=True)
         del source, dropped  # the queued copies hold both memories
-        gc.collect()
         assert npu_sim.pinned_bytes_allocated() == pinned_before + 3 * MiB
         assert npu_sim.bytes_allocated(0) == device_before + 2 * 3 * MiB
     torch.npu.synchronize()
