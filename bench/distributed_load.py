@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--worlds", default="1,2,4")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--chunk-mib", type=int, default=16)
+    parser.add_argument("--chunk-mib", type=int, default=4, help="safetensors.distributed.DEFAULT_CHUNK_BYTES")
     parser.add_argument("--tmpdir", default=None, help="where the copies go (a disk, not tmpfs)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)

@@ -50,8 +50,12 @@ from .torch import _torch_dtype, _torch_shape
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "LoadStats", "load_file", "load_sharded", "schedule"]
 
-#: Bytes per chunk: the unit of reading and of one collective. A multiple of the page size.
-DEFAULT_CHUNK_BYTES = 16 << 20
+#: Bytes per chunk: the unit of reading and of one collective. A multiple of the page size. Chunks stay under
+#: 1.5x this, so each is one positional read of the native reader (which splits reads at 8 MiB): the kernel
+#: takes a lone read for a random one and reads just it, where two pieces look sequential and its readahead
+#: (up to read_ahead_kb) runs into the next rank's chunk -- storage reads grew from 1/world to nearly the
+#: whole file per rank with 16 MiB chunks on a disk with read_ahead_kb=8192.
+DEFAULT_CHUNK_BYTES = 4 << 20
 #: Chunks in flight per rank (each may hold one staging buffer of chunk_bytes).
 _WINDOW = 8
 

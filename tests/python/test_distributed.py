@@ -188,7 +188,8 @@ class Ranks:
 
 
 def spawn(tmp: Path, world: int, scenarios: List[Dict[str, Any]], *, prefix=None, env=None, store=True,
-          deadline: float = SPAWN_DEADLINE, expect_exit: Optional[Dict[int, int]] = None) -> Ranks:
+          deadline: float = SPAWN_DEADLINE, expect_exit: Optional[Dict[int, int]] = None,
+          pg_timeout: float = PG_TIMEOUT) -> Ranks:
     """Runs ``world`` workers over ``scenarios``; every process is killed at ``deadline`` (the test fails)."""
     tmp.mkdir(parents=True, exist_ok=True)
     spec = tmp / "spec.json"
@@ -196,7 +197,7 @@ def spawn(tmp: Path, world: int, scenarios: List[Dict[str, Any]], *, prefix=None
     out = tmp / "out"
     out.mkdir(exist_ok=True)
     master = None
-    base_env = dict(os.environ, WORLD_SIZE=str(world), ST_DIST_TIMEOUT=str(PG_TIMEOUT), OMP_NUM_THREADS="1")
+    base_env = dict(os.environ, WORLD_SIZE=str(world), ST_DIST_TIMEOUT=str(pg_timeout), OMP_NUM_THREADS="1")
     if store:
         master = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=PG_TIMEOUT))
@@ -403,6 +404,28 @@ def test_a_rank_killed_mid_load_fails_the_others_in_bounded_time(ckpt, tmp_path,
         assert "a collective failed" in got["error"] and "process group cannot be used" in got["error"]
         assert got["seconds"] < PG_TIMEOUT + 10
     assert time.monotonic() - started < SPAWN_DEADLINE
+
+
+SHORT_TIMEOUT = 5  # seconds: the process group's timeout where a rank stays alive but does not take part
+
+
+@pytest.mark.parametrize("fault", ["absent", "stall"])
+def test_a_rank_that_stops_taking_part_fails_the_others_after_the_group_timeout(ckpt, tmp_path, fault):
+    """A rank that never calls the load, or whose read hangs mid-load: the others raise once the process
+    group's timeout has passed (the stalled rank too, once its read returns)."""
+    scenario = {"name": fault, "path": str(ckpt["path"]), "chunk_bytes": 64 << 10}
+    if fault == "absent":
+        scenario["absent"] = {"rank": 1, "seconds": SHORT_TIMEOUT + 8}
+    else:
+        scenario["fault"] = {"rank": 1, "at": 3, "kind": "stall", "seconds": SHORT_TIMEOUT + 3}
+    ranks = spawn(tmp_path, 2, [scenario], pg_timeout=SHORT_TIMEOUT, deadline=90)
+    got = ranks.results[0][fault]
+    assert "crash" not in got, got
+    assert got["error_type"] == "SafetensorError" and "a collective failed on rank 0 of 2" in got["error"], got
+    assert SHORT_TIMEOUT - 1 <= got["seconds"] < SHORT_TIMEOUT + 10, got
+    if fault == "stall":
+        stalled = ranks.results[1][fault]
+        assert stalled.get("error_type") == "SafetensorError", stalled
 
 
 # -- the schedule (no processes) -------------------------------------------------------------------------------

@@ -114,7 +114,10 @@ def install_fault(args: Dict[str, Any], rank: int) -> None:
         if calls[0] == fault["at"]:
             if fault["kind"] == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            raise OSError(5, "Input/output error (injected)")
+            if fault["kind"] == "stall":  # a read that hangs (a stuck NFS server), then goes on
+                time.sleep(fault["seconds"])
+            else:
+                raise OSError(5, "Input/output error (injected)")
         real(file, offset, dst)
 
     sdist._read_chunk = faulty
@@ -139,6 +142,10 @@ def main() -> int:
         crashed = False
         try:
             install_fault(scenario, rank)
+            absent = scenario.get("absent")
+            if absent and absent["rank"] == rank:  # a rank that never calls the load (it failed elsewhere)
+                time.sleep(absent["seconds"])
+                os._exit(0)
             runner = run_alone if scenario.get("alone") else run_load
             results[name] = runner(scenario, rank)
         except BaseException:
@@ -149,7 +156,7 @@ def main() -> int:
         with open(out_path + ".tmp", "w") as f:  # written after every scenario: a later hang keeps these
             json.dump(results, f)
         os.replace(out_path + ".tmp", out_path)
-        if crashed or scenario.get("fault", {}).get("kind") == "kill":
+        if crashed or scenario.get("fault", {}).get("kind") in ("kill", "stall"):
             os._exit(0)  # the process group may be broken: nothing more to do, nothing to tear down
     dist.destroy_process_group()
     return 0
