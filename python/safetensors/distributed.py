@@ -459,27 +459,40 @@ def _load(source: Any, device: Any, group: Optional[dist.ProcessGroup], plan: Pl
     started = time.perf_counter()
     grp = _Group(group)
     stats = stats if stats is not None else LoadStats()
-    page = os.sysconf("SC_PAGE_SIZE")
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or chunk_bytes % page:
-        raise SafetensorError(f"chunk_bytes must be a positive multiple of the page size ({page}), got {chunk_bytes!r}")
 
-    # 1. Open and plan, locally; any error becomes this rank's status.
+    # 1. Open, plan and allocate, locally; any error (out of memory included) becomes this rank's status.
     error: Optional[str] = None
     cause: Optional[BaseException] = None
     opened: List[_Opened] = []
     pieces: List[List[Piece]] = []
+    out: Dict[str, torch.Tensor] = {}
+    views: List[List[Tuple[int, int, torch.Tensor]]] = []  # per file: (begin, end, byte view), sorted
     target = comm = None
     try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or chunk_bytes % page:
+            raise SafetensorError(f"chunk_bytes must be a positive multiple of the page size ({page}), got "
+                                  f"{chunk_bytes!r}")
         target = resolve_torch_device(device)
         comm = grp.comm_device(target)
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         opened = source.open(backend)
         pieces = _plan(source, opened, plan)
+        for file_pieces in pieces:
+            file_views = []
+            for name, (code, shape, begin, end) in file_pieces:
+                tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=comm)
+                out[name] = tensor
+                if end > begin and comm.type != "meta":
+                    file_views.append((begin, end, tensor.reshape(-1).view(torch.uint8)))
+            views.append(file_views)
     except Exception as e:  # exchanged below: every rank raises it
         error, cause = _error_text(e), e
+        out, views = {}, []
     status = {
         "error": error,
+        "chunk_bytes": chunk_bytes,
         "device": None if comm is None else comm.type,
         "files": [(o.label, _digest(o.file), o.file.data_offset) for o in opened],
         "needs": [_merge([(b, e) for _, (_, _, b, e) in file_pieces]) for file_pieces in pieces],
@@ -503,16 +516,6 @@ def _load(source: Any, device: Any, group: Optional[dist.ProcessGroup], plan: Pl
     stats.bytes_needed = sum(e - b for needs in status["needs"] for b, e in needs)
 
     # 4. Move.
-    out: Dict[str, torch.Tensor] = {}
-    views: List[List[Tuple[int, int, torch.Tensor]]] = []  # per file: (begin, end, byte view) sorted
-    for file_pieces in pieces:
-        file_views = []
-        for name, (code, shape, begin, end) in file_pieces:
-            tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=comm)
-            out[name] = tensor
-            if end > begin and comm.type != "meta":
-                file_views.append((begin, end, tensor.reshape(-1).view(torch.uint8)))
-        views.append(file_views)
     if comm.type != "meta":
         mover = _Mover(grp, [o.file for o in opened], views, comm, chunk_bytes, stats)
         try:
@@ -550,6 +553,9 @@ def _plan(source: Any, opened: List[_Opened], plan: Plan) -> List[List[Piece]]:
 def _consistency_error(statuses: List[Dict[str, Any]]) -> Optional[str]:
     first = statuses[0]
     for r, s in enumerate(statuses[1:], 1):
+        if s["chunk_bytes"] != first["chunk_bytes"]:
+            return (f"distributed load: ranks chose different chunk sizes ({first['chunk_bytes']} on rank 0, "
+                    f"{s['chunk_bytes']} on rank {r}): chunk_bytes must be the same on every rank")
         if s["device"] != first["device"]:
             return (f"distributed load: ranks move bytes on different device types ({first['device']} on rank 0, "
                     f"{s['device']} on rank {r}): every rank must load to the same kind of device")

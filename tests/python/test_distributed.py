@@ -263,6 +263,11 @@ def main_scenarios(c: Dict[str, Any], world: int) -> List[Dict[str, Any]]:
         {"name": "missing_sharded", "path": str(c["sharded"]), "sharded": True, "plan": {"per_rank": missing}},
         {"name": "file_missing", "path": {"per_rank": no_file}},
         {"name": "different_files", "path": {"per_rank": different}},
+        {"name": "chunk_mismatch", "path": path, "chunk_bytes": {"per_rank": [CHUNK] * (world - 1) + [2 * CHUNK]}},
+        {"name": "bad_chunk", "path": path, "chunk_bytes": {"per_rank": [CHUNK, 1000] + [CHUNK] * (world - 2)}},
+        {"name": "sharded_files", "path": [str(p) for p in sorted(c["sharded"].glob("*.safetensors"))],
+         "sharded": True, "chunk_bytes": CHUNK},
+        {"name": "meta", "path": path, "device": "meta"},
         {"name": "read_error", "path": path, "chunk_bytes": CHUNK, "fault": {"rank": world - 1, "at": 2,
                                                                               "kind": "raise"}},
         {"name": "after_errors", "path": path, "chunk_bytes": CHUNK},
@@ -322,6 +327,14 @@ def test_cold_storage_reads_per_rank(run, ckpt):
           f"alone {[r['storage_read_bytes'] for r in alone]}")
 
 
+def test_meta_device_reads_nothing(run, ckpt):
+    world, ranks = run
+    for result in ranks["meta"]:
+        assert {n: d[:2] for n, d in result["tensors"].items()} == {n: d[:2] for n, d in ckpt["expected"].items()}
+        assert {d[2] for d in result["tensors"].values()} == {"meta"}
+        assert result["stats"]["bytes_read"] == 0 and result["stats"]["bytes_received"] == 0
+
+
 # -- planned loads ---------------------------------------------------------------------------------------------
 
 def test_planned_each_rank_gets_its_plan_bytes_no_rank_needs_are_not_read(run, ckpt):
@@ -352,6 +365,8 @@ def test_sharded_checkpoint(run, ckpt):
         assert "error" not in result, result
         assert result["tensors"] == ckpt["expected"], f"rank {rank}"
     assert sum(r["stats"]["bytes_read"] for r in got) == data
+    for rank, result in enumerate(ranks["sharded_files"]):  # a list of files, no index
+        assert result["tensors"] == ckpt["expected"], f"rank {rank}"
     want = planned_bytes(ckpt["path"], [tp_plan(r, world) for r in range(world)])
     for rank, result in enumerate(ranks["sharded_index_planned"]):
         assert result["tensors"] == want["per_rank"][rank], f"rank {rank}"
@@ -366,6 +381,7 @@ def test_sharded_checkpoint(run, ckpt):
     ("missing_sharded", lambda w: w - 1, "does not contain tensor nope"),
     ("file_missing", lambda w: 1, "absent.safetensors"),
     ("read_error", lambda w: w - 1, "Input/output error (injected)"),
+    ("bad_chunk", lambda w: 1, "chunk_bytes must be a positive multiple of the page size"),
 ])
 def test_an_error_on_one_rank_is_raised_on_every_rank(run, scenario, rank_of, words):
     world, ranks = run
@@ -378,12 +394,14 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(run, scenario, rank_of, wo
     assert all(r["error_type"] == "SafetensorError" for r in got)
 
 
-def test_ranks_with_different_files_all_refuse(run):
+@pytest.mark.parametrize("scenario, words", [("different_files", "different checkpoints"),
+                                             ("chunk_mismatch", "different chunk sizes")])
+def test_ranks_that_disagree_all_refuse(run, scenario, words):
     world, ranks = run
-    texts = {r.get("error") for r in ranks["different_files"]}
+    texts = {r.get("error") for r in ranks[scenario]}
     assert len(texts) == 1, texts
     text = texts.pop()
-    assert text is not None and "different checkpoints" in text and f"rank {world - 1}" in text
+    assert text is not None and words in text and f"rank {world - 1}" in text
 
 
 # -- a rank that dies ------------------------------------------------------------------------------------------
@@ -415,7 +433,7 @@ def test_a_rank_that_stops_taking_part_fails_the_others_after_the_group_timeout(
     group's timeout has passed (the stalled rank too, once its read returns)."""
     scenario = {"name": fault, "path": str(ckpt["path"]), "chunk_bytes": 64 << 10}
     if fault == "absent":
-        scenario["absent"] = {"rank": 1, "seconds": SHORT_TIMEOUT + 8}
+        scenario["absent"] = {"rank": 1, "seconds": SHORT_TIMEOUT + 3}
     else:
         scenario["fault"] = {"rank": 1, "at": 3, "kind": "stall", "seconds": SHORT_TIMEOUT + 3}
     ranks = spawn(tmp_path, 2, [scenario], pg_timeout=SHORT_TIMEOUT, deadline=90)

@@ -29,6 +29,9 @@ from safetensors import SafetensorError
 def digests(tensors: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     out = {}
     for name, t in tensors.items():
+        if t.device.type == "meta":
+            out[name] = [str(t.dtype), list(t.shape), "meta", None]
+            continue
         data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         out[name] = [str(t.dtype), list(t.shape), str(t.device), hashlib.sha256(data).hexdigest()]
     return out
@@ -65,7 +68,8 @@ def per_rank(value, rank):
 
 def run_load(args: Dict[str, Any], rank: int) -> Dict[str, Any]:
     stats = sdist.LoadStats()
-    kwargs = dict(plan=to_plan(per_rank(args.get("plan"), rank)), chunk_bytes=args.get("chunk_bytes", 1 << 20),
+    kwargs = dict(plan=to_plan(per_rank(args.get("plan"), rank)),
+                  chunk_bytes=per_rank(args.get("chunk_bytes", 1 << 20), rank),
                   stats=stats, backend=args.get("backend", "pread"))
     path = per_rank(args["path"], rank)
     cold = args.get("cold", False)
