@@ -578,11 +578,15 @@ class _Staging:
         self.free: List[torch.Tensor] = []
 
     def get(self, n: int) -> torch.Tensor:
+        if n > self.nbytes:  # not made by the schedule (shared chunks hold at most chunk_bytes): not pooled
+            return torch.empty(n, dtype=torch.uint8, device=self.device)
         buffer = self.free.pop() if self.free else torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         return buffer[:n]
 
     def put(self, view: torch.Tensor) -> None:
-        self.free.append(view._base if view._base is not None else view)
+        base = view._base if view._base is not None else view
+        if base.numel() == self.nbytes:
+            self.free.append(base)
 
 
 class _Pending(NamedTuple):

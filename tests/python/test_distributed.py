@@ -321,7 +321,7 @@ def test_cold_storage_reads_per_rank(run, ckpt):
         read = result["storage_read_bytes"]
         own = result["stats"]["bytes_read"]
         # Kernel readahead may fetch up to about a chunk past a rank's chunks; the header is read too.
-        assert own * 0.9 <= read <= own + 2 * (1 << 20) + (256 << 10), (rank, read, own)
+        assert own * 0.9 <= read <= own + 3 * (1 << 20), (rank, read, own)
         assert read < alone[rank]["storage_read_bytes"] * (1 / world + 0.2), (rank, read, alone[rank])
     print(f"world {world}: storage bytes per rank, distributed {[r['storage_read_bytes'] for r in cold]}, "
           f"alone {[r['storage_read_bytes'] for r in alone]}")
@@ -489,6 +489,26 @@ def test_schedule_gives_large_tensors_chunks_of_their_own_and_groups_small_ones(
             assert all(e - b < chunk // 4 and c.begin <= b and e <= c.end for b, e in inside), (c, inside)
     assert sum(c.end - c.begin for c in chunks) == pos
     assert {c.owner for c in chunks} == {0, 1}
+
+
+@pytest.mark.parametrize("backend, target, moves_on", [
+    ("gloo", "cpu", "cpu"),
+    ("gloo", "cuda:1", "cpu"),  # gloo moves CPU tensors; they are copied to the device at the end
+    ("nccl", "cuda:1", "cuda:1"),
+    ("hccl", "privateuseone:0", "privateuseone:0"),  # npu, once torch_npu has renamed PrivateUse1
+    ("cpu:gloo,cuda:nccl", "cuda:0", "cuda:0"),
+    ("cpu:gloo,cuda:nccl", "cpu", "cpu"),
+    ("nccl", "cpu", None),
+    ("gloo", "meta", "meta"),
+])
+def test_bytes_travel_on_the_destination_device_unless_the_backend_is_a_cpu_one(backend, target, moves_on):
+    grp = object.__new__(sdist._Group)
+    grp.backend = backend
+    if moves_on is None:
+        with pytest.raises(sdist.SafetensorError, match="cannot move tensors for device cpu"):
+            grp.comm_device(torch.device(target))
+    else:
+        assert grp.comm_device(torch.device(target)) == torch.device(moves_on)
 
 
 def test_outside_a_process_group_it_says_what_to_do(ckpt):
