@@ -57,7 +57,7 @@ def plan_pieces(reader: Any, plan: Optional[Dict[str, Any]]) -> List[Tuple[str, 
     for name, (code, shape, begin, end) in file.infos():
         if name not in chosen:
             continue
-        if code.startswith("F6"):
+        if code.startswith("F6_"):
             raise SafetensorError(f"prefetch cannot hand out dtype {code} (torch has no {code} type): tensor {name}")
         rows = chosen[name]
         if rows is not None:
