@@ -520,6 +520,7 @@ struct Prefetcher::Impl {
       consumer_cv.notify_all();
       quota_cv.notify_all();
     }
+    return_slabs(&doomed);
     if (pool != nullptr) SlabPoolAccess::wake(*pool);
   }
 
@@ -535,6 +536,7 @@ struct Prefetcher::Impl {
       consumer_cv.notify_all();
       quota_cv.notify_all();
     }
+    return_slabs(&doomed);
     SlabPoolAccess::wake(*pool);
   }
 
@@ -548,15 +550,25 @@ struct Prefetcher::Impl {
 
   static std::size_t slot_of(SlabHandle h) { return static_cast<std::size_t>((h & 0xffffffffu) - 1); }
 
+  // Drops one event's reference to slot i; an emptied slot's slab goes to *doomed, for return_slabs().
   void unref(std::size_t i, std::vector<Lease>* doomed) REQUIRES(mu) {
     Slot& s = slots[i];
     if (--s.refs == 0) {
       doomed->push_back(std::move(s.lease));
       ++s.generation;
       free_slots.push_back(i);
-      --held;
-      quota_cv.notify_one();
     }
+  }
+
+  // Returns the slabs to the pool, then lets readers take as many more: a reader woken by the per-prefetcher
+  // limit finds them in the pool instead of allocating beside them.
+  void return_slabs(std::vector<Lease>* doomed) EXCLUDES(mu) {
+    const std::size_t n = doomed->size();
+    doomed->clear();
+    if (n == 0) return;
+    MutexLock lock(&mu);
+    held -= n;
+    quota_cv.notify_all();
   }
 
   // Takes a slab for `chunk` within this prefetcher's limit and the pool's capacity. False when the prefetch
@@ -847,15 +859,18 @@ Status Prefetcher::release(SlabHandle slab) {
   if (slab == 0) return ok_status();
   Impl& m = *impl_;
   std::vector<Lease> doomed;
-  MutexLock lock(&m.mu);
-  const std::size_t i = Impl::slot_of(slab);
-  if (i >= m.slots.size() || m.slots[i].generation != static_cast<std::uint32_t>(slab >> 32) ||
-      m.slots[i].lent == 0) {
-    return Error::invalid_argument(m.file.path(), "slab handle " + std::to_string(slab) + " is not lent");
+  {
+    MutexLock lock(&m.mu);
+    const std::size_t i = Impl::slot_of(slab);
+    if (i >= m.slots.size() || m.slots[i].generation != static_cast<std::uint32_t>(slab >> 32) ||
+        m.slots[i].lent == 0) {
+      return Error::invalid_argument(m.file.path(), "slab handle " + std::to_string(slab) + " is not lent");
+    }
+    --m.slots[i].lent;
+    --m.events_lent;
+    m.unref(i, &doomed);
   }
-  --m.slots[i].lent;
-  --m.events_lent;
-  m.unref(i, &doomed);
+  m.return_slabs(&doomed);
   return ok_status();
 }
 
