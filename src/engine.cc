@@ -774,7 +774,8 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
   std::vector<Run> staged_runs, direct_runs;
   for (std::size_t i : staged) {
     const Piece& p = pieces[i];
-    if (!staged_runs.empty() && (p.begin <= staged_runs.back().hi || p.begin - staged_runs.back().hi <= options.merge_gap)) {
+    if (!staged_runs.empty() &&
+        (p.begin <= staged_runs.back().hi || p.begin - staged_runs.back().hi <= options.merge_gap)) {
       Run& r = staged_runs.back();
       r.hi = std::max(r.hi, p.end);
       r.pieces.push_back(i);
@@ -804,10 +805,12 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
   // byte of a piece (inside a merged gap) are dropped.
   std::vector<std::size_t> order(chunks.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return chunks[a].lo < chunks[b].lo; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return chunks[a].lo < chunks[b].lo; });
   std::vector<std::size_t> rank(chunks.size());
   for (std::size_t k = 0; k < order.size(); ++k) rank[order[k]] = k;
-  std::stable_sort(segs.begin(), segs.end(), [&](const auto& a, const auto& b) { return rank[a.first] < rank[b.first]; });
+  std::stable_sort(segs.begin(), segs.end(),
+                   [&](const auto& a, const auto& b) { return rank[a.first] < rank[b.first]; });
   std::size_t s = 0;
   for (std::size_t k = 0; k < order.size(); ++k) {
     Chunk c = chunks[order[k]];

@@ -41,7 +41,8 @@
    (7) Thread safety. File, sharded-file, view and slice-plan handles are immutable after creation and
        safe for concurrent use by multiple threads; freeing a handle requires that no other thread is using
        it. A prefetcher handle is used by one consumer thread, except safetensors_prefetch_cancel(), which
-       any thread may call at any time; the slab-pool functions are safe from any thread. Error objects are plain values. Tensors are addressed by position (0 <= i < count, in file order);
+       any thread may call at any time; the slab-pool functions are safe from any thread. Error objects are
+       plain values. Tensors are addressed by position (0 <= i < count, in file order);
        a position out of range makes accessors return NULL/0 and fallible functions return
        SAFETENSORS_INVALID_ARGUMENT.
 */

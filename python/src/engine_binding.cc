@@ -247,11 +247,15 @@ void bind_engine(nb::module_& m, void (*raise)(Error)) {
           "Waits (the GIL released) for the next event; raises the readers' error (naming file and tensor).")
       .def(
           "release",
-          [](const PyPrefetcher& self, std::uint64_t slab) { check(self.call([&](Prefetcher& p) { return p.release(slab); })); },
+          [](const PyPrefetcher& self, std::uint64_t slab) {
+            check(self.call([&](Prefetcher& p) { return p.release(slab); }));
+          },
           "slab"_a, "Returns a staged event's slab to the pool, once nothing reads it any more.")
       .def(
           "wait_piece",
-          [](const PyPrefetcher& self, std::size_t i) { check(self.call([&](Prefetcher& p) { return p.wait_piece(i); })); },
+          [](const PyPrefetcher& self, std::size_t i) {
+            check(self.call([&](Prefetcher& p) { return p.wait_piece(i); }));
+          },
           "piece"_a, "Waits (the GIL released) until direct piece `piece` is complete.")
       .def(
           "piece_done", [](const PyPrefetcher& self, std::size_t i) { return self.ref()->piece_done(i); }, "piece"_a)
