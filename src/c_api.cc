@@ -822,7 +822,7 @@ safetensors_code_t safetensors_prefetch_next(safetensors_prefetcher_t* prefetche
                          : ev->kind == Kind::kEnd    ? SAFETENSORS_EVENT_END
                                                      : SAFETENSORS_EVENT_TIMEOUT;
     *event = safetensors_prefetch_event_t{kind, ev->piece_done ? 1 : 0, ev->piece, ev->offset,
-                                          ev->bytes.data(), ev->bytes.size(), ev->slab};
+                                          ev->bytes.data(), ev->bytes.size(), ev->slab, ev->slab_data};
     return SAFETENSORS_OK;
   });
 }

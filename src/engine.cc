@@ -609,7 +609,7 @@ struct Prefetcher::Impl {
       done[seg.piece] = 1;
       --pieces_left;
       if (!stop.load(std::memory_order_acquire)) {
-        ready.push_back({PrefetchEvent::Kind::kDirect, seg.piece, 0, {}, 0, true});
+        ready.push_back({PrefetchEvent::Kind::kDirect, seg.piece, 0, {}, 0, nullptr, true});
       }
     }
     consumer_cv.notify_all();
@@ -643,7 +643,7 @@ struct Prefetcher::Impl {
       const bool last = (remaining[seg.piece] -= seg.length) == 0;
       if (last) --pieces_left;
       ready.push_back({PrefetchEvent::Kind::kStaged, seg.piece, seg.piece_offset,
-                       std::span<const std::byte>(base + seg.chunk_offset, seg.length), handle, last});
+                       std::span<const std::byte>(base + seg.chunk_offset, seg.length), handle, base, last});
     }
     consumer_cv.notify_all();
   }
@@ -834,7 +834,7 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
       const bool is_direct = pieces[i].delivery == Delivery::kDirect;
       if (is_direct) impl->done[i] = 1;
       impl->ready.push_back(
-          {is_direct ? PrefetchEvent::Kind::kDirect : PrefetchEvent::Kind::kStaged, i, 0, {}, 0, true});
+          {is_direct ? PrefetchEvent::Kind::kDirect : PrefetchEvent::Kind::kStaged, i, 0, {}, 0, nullptr, true});
     }
   }
 

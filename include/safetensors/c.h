@@ -474,7 +474,8 @@ typedef struct safetensors_prefetch_event_t {
   uint64_t offset;    /* STAGED: where data lies in the piece */
   const void* data;   /* STAGED: valid until the slab is released or the prefetcher freed */
   size_t size;
-  uint64_t slab; /* STAGED: the handle to release (0: none) */
+  uint64_t slab;         /* STAGED: the handle to release (0: none) */
+  const void* slab_data; /* STAGED: the start of the slab's allocation (what the allocator returned) */
 } safetensors_prefetch_event_t;
 
 /* Waits for the next event, at most timeout_ms milliseconds (negative: no limit), and stores it in *event.

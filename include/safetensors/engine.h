@@ -202,6 +202,9 @@ struct PrefetchEvent {
   std::span<const std::byte> bytes;
   // kStaged: pass to release() once nothing reads bytes any more (0 for a zero-size piece: no slab).
   SlabHandle slab = 0;
+  // kStaged: the start of the slab's allocation (what SlabAllocator::alloc returned), so that a consumer that
+  // wraps each allocation once (a pinned torch tensor) finds bytes at bytes.data() - slab_data in it.
+  const std::byte* slab_data = nullptr;
   // kStaged: this is the piece's last chunk to be handed out (chunks of a piece may come in any order).
   // kDirect: always true.
   bool piece_done = false;

@@ -194,6 +194,12 @@ class PrefetchEvent:
         """staged: the handle to release (0: none)."""
 
     @property
+    def slab_address(self) -> int:
+        """
+        staged: the slab allocation's start (what the pool's alloc returned); address - slab_address is the bytes' offset in it.
+        """
+
+    @property
     def piece_done(self) -> bool:
         """The piece's last chunk (always true for direct)."""
 

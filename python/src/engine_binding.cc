@@ -195,6 +195,10 @@ void bind_engine(nb::module_& m, void (*raise)(Error)) {
                    "staged: the bytes' address in the slab (valid until release(slab)).")
       .def_prop_ro("size", [](const PrefetchEvent& e) { return e.bytes.size(); })
       .def_ro("slab", &PrefetchEvent::slab, "staged: the handle to release (0: none).")
+      .def_prop_ro(
+          "slab_address", [](const PrefetchEvent& e) { return reinterpret_cast<std::uintptr_t>(e.slab_data); },
+          "staged: the slab allocation's start (what the pool's alloc returned); address - slab_address is the "
+          "bytes' offset in it.")
       .def_ro("piece_done", &PrefetchEvent::piece_done, "The piece's last chunk (always true for direct).");
 
   nb::class_<PyPrefetcher>(m, "Prefetcher",

@@ -519,6 +519,8 @@ static void test_prefetch(void) {
       CHECK(ev.piece < 3);
       if (ev.kind == SAFETENSORS_EVENT_STAGED) {
         CHECK(ev.offset + ev.size <= plan[ev.piece].end - plan[ev.piece].begin);
+        CHECK(ev.size == 0 || ((const char*)ev.data >= (const char*)ev.slab_data &&
+                               (const char*)ev.data + ev.size <= (const char*)ev.slab_data + 4096));
         if (ev.piece == 0 && ev.size) memcpy(staged + ev.offset, ev.data, ev.size);
         CHECK_OK(safetensors_prefetch_release(p, ev.slab, &err_));
       }

@@ -76,6 +76,10 @@ Status drain(Prefetcher& pf, Drained* d) {
     if (ev.kind == Kind::kEnd) return ok_status();
     if (ev.kind == Kind::kStaged) {
       EXPECT_LE(ev.offset + ev.bytes.size(), plan[ev.piece].size());
+      if (!ev.bytes.empty()) {
+        EXPECT_NE(ev.slab_data, nullptr);
+        EXPECT_GE(ev.bytes.data(), ev.slab_data);
+      }
       if (!ev.bytes.empty()) std::memcpy(d->bytes[ev.piece].data() + ev.offset, ev.bytes.data(), ev.bytes.size());
       SAFETENSORS_RETURN_IF_ERROR(pf.release(ev.slab));
     }
@@ -349,6 +353,8 @@ TEST(EngineTest, ThreadsBlockOnHeldSlabsInsteadOfReusingThem) {
     auto ev = p.next();
     ASSERT_ST_OK(ev);
     ASSERT_EQ(ev->kind, Kind::kStaged);
+    ASSERT_GE(ev->bytes.data(), ev->slab_data);
+    ASSERT_LE(ev->bytes.data() + ev->bytes.size(), ev->slab_data + 4 * 4096);
     held.push_back(*ev);
     ++slabs[ev->slab];
   }
