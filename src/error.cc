@@ -59,6 +59,12 @@ Error Error::invalid_argument(std::string_view context, std::string_view detail)
   return {Kind::kInvalidArgument, context, {}, detail};
 }
 
+Error Error::with_tensor(std::string_view tensor) const {
+  Error e = *this;
+  e.tensor_ = tensor;
+  return e;
+}
+
 std::string_view Error::token() const {
   switch (kind_) {
     case Kind::kHeaderTooSmall: return "HeaderTooSmall";
@@ -125,7 +131,12 @@ std::string Error::message() const {
         s += system_error_text(sys_errno_, buf, sizeof buf);
         s += " (os error " + std::to_string(sys_errno_) + ")";
         if (!detail_.empty()) s += " during " + detail_;
+        if (!tensor_.empty()) s += " (tensor " + quoted + ")";
         return s;
+      }
+      if (!tensor_.empty()) {
+        if (!detail_.empty()) s += ": " + detail_;
+        return s + " (tensor " + quoted + ")";
       }
       break;
     case Kind::kInvalidArgument: s = "invalid argument"; break;

@@ -60,8 +60,8 @@ class MemorySource final : public Source {
 
 class MmapSource final : public Source {
  public:
-  MmapSource(std::string path, void* base, std::uint64_t size, bool writable)
-      : path_(std::move(path)), base_(base), size_(size), writable_(writable) {
+  MmapSource(std::string path, int fd, void* base, std::uint64_t size, bool writable)
+      : path_(std::move(path)), fd_(fd), base_(base), size_(size), writable_(writable) {
     g_live_mappings.fetch_add(1, std::memory_order_relaxed);
   }
   ~MmapSource() override {
@@ -69,6 +69,7 @@ class MmapSource final : public Source {
       std::fprintf(stderr, "safetensors: munmap(\"%s\") failed: %s\n", path_.c_str(), std::strerror(errno));
     }
     g_live_mappings.fetch_sub(1, std::memory_order_relaxed);
+    close_reporting(fd_, path_);
   }
 
   const std::string& name() const override { return path_; }
@@ -79,6 +80,10 @@ class MmapSource final : public Source {
   Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override {
     SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
     return std::span<const std::byte>(data() + offset, dst.size());
+  }
+  Status pread_into(std::uint64_t offset, std::span<std::byte> dst) const override {
+    SAFETENSORS_RETURN_IF_ERROR(check_range(*this, offset, dst.size()));
+    return internal::pread_full(fd_, path_, offset, dst);
   }
   void prefetch(std::uint64_t offset, std::uint64_t length) const override {
     // madvise needs a page-aligned start.
@@ -91,6 +96,8 @@ class MmapSource final : public Source {
 
  private:
   std::string path_;
+  // Kept open for pread_into(): positional reads of a file that shrank fail cleanly, where the mapping faults.
+  int fd_;
   void* base_;
   std::uint64_t size_;
   bool writable_;
@@ -122,6 +129,10 @@ class PreadSource final : public Source {
 }  // namespace
 
 Source::~Source() = default;
+
+Status Source::pread_into(std::uint64_t offset, std::span<std::byte> dst) const {
+  return read_exact(*this, offset, dst);
+}
 
 Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst) {
   auto got = source.read(offset, dst);
@@ -158,9 +169,8 @@ Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, 
       base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     }
     if (base != MAP_FAILED) {
-      // The mapping holds its own reference to the file; the descriptor is no longer needed.
-      close_reporting(fd, path);
-      return std::shared_ptr<const Source>(std::make_shared<MmapSource>(path, base, size, writable));
+      // The descriptor stays open (the engine's positional reads use it); the mapping holds its own reference.
+      return std::shared_ptr<const Source>(std::make_shared<MmapSource>(path, fd, base, size, writable));
     }
   }
   return std::shared_ptr<const Source>(std::make_shared<PreadSource>(path, fd, size));
@@ -182,18 +192,27 @@ Backend FaultySource::backend() const { return base_->backend(); }
 const std::byte* FaultySource::data() const { return hide_mapping.load() ? nullptr : base_->data(); }
 bool FaultySource::writable() const { return hide_mapping.load() ? false : base_->writable(); }
 
-Result<std::span<const std::byte>> FaultySource::read(std::uint64_t offset, std::span<std::byte> dst) const {
+Status FaultySource::inject(std::uint64_t offset, std::size_t n) const {
   reads.fetch_add(1);
-  bytes_read.fetch_add(dst.size());
+  bytes_read.fetch_add(n);
   if (short_read.load()) {
     return Error::io(name(), "file is shorter than expected (it changed after it was opened): injected");
   }
   const std::int64_t eio = eio_at_offset.load();
-  if (eio >= 0 && static_cast<std::uint64_t>(eio) >= offset &&
-      static_cast<std::uint64_t>(eio) - offset < dst.size()) {
+  if (eio >= 0 && static_cast<std::uint64_t>(eio) >= offset && static_cast<std::uint64_t>(eio) - offset < n) {
     return internal::errno_error(name(), "read", EIO);
   }
+  return ok_status();
+}
+
+Result<std::span<const std::byte>> FaultySource::read(std::uint64_t offset, std::span<std::byte> dst) const {
+  SAFETENSORS_RETURN_IF_ERROR(inject(offset, dst.size()));
   return base_->read(offset, dst);
+}
+
+Status FaultySource::pread_into(std::uint64_t offset, std::span<std::byte> dst) const {
+  SAFETENSORS_RETURN_IF_ERROR(inject(offset, dst.size()));
+  return base_->pread_into(offset, dst);
 }
 
 void set_force_pread(bool force) { g_force_pread.store(force); }

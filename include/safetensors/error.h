@@ -80,6 +80,10 @@ class SAFETENSORS_EXPORT Error {
   static Error io(std::string_view context, std::string_view detail, int sys_errno = 0);
   static Error invalid_argument(std::string_view context, std::string_view detail);
 
+  // This error naming `tensor` as well: for failures met below the layer that knows which tensor was being
+  // read (an I/O error of a prefetch read, for one).
+  Error with_tensor(std::string_view tensor) const;
+
   Kind kind() const { return kind_; }
   const std::string& context() const { return context_; }
   const std::string& tensor() const { return tensor_; }

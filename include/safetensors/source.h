@@ -57,6 +57,11 @@ class SAFETENSORS_EXPORT Source {
   // system failure or when the file ended early (it shrank after it was opened).
   virtual Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const = 0;
 
+  // Copies exactly dst.size() bytes starting at `offset` into dst with a positional read of the file, never by
+  // touching a mapping: a file that shrank after it was opened gives kIo where reading its mapping would raise
+  // SIGBUS. Sources without a file (memory) copy from their memory. Errors: as read().
+  virtual Status pread_into(std::uint64_t offset, std::span<std::byte> dst) const;
+
   // The whole content as addressable memory, or nullptr (pread). Valid while this Source is alive.
   virtual const std::byte* data() const { return nullptr; }
   // True when data() may be written through: a private copy-on-write mapping whose writes never reach the
@@ -90,6 +95,7 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   explicit FaultySource(std::shared_ptr<const Source> base);
   ~FaultySource() override;
 
+  // The faults and counters apply to read() and pread_into() alike.
   // When set, every read returns kIo as if the file ended before the requested bytes.
   std::atomic<bool> short_read{false};
   // When >= 0, a read whose range contains this offset fails with kIo (EIO).
@@ -105,10 +111,15 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   std::uint64_t size() const override;
   Backend backend() const override;
   Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst) const override;
+  // The same faults and counters as read(), then the base Source's pread_into().
+  Status pread_into(std::uint64_t offset, std::span<std::byte> dst) const override;
   const std::byte* data() const override;
   bool writable() const override;
 
  private:
+  // Counts the read and returns the fault it meets, if any.
+  Status inject(std::uint64_t offset, std::size_t n) const;
+
   std::shared_ptr<const Source> base_;
 };
 

@@ -33,6 +33,8 @@
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
 
+#include "engine_binding.h"
+
 namespace nb = nanobind;
 using namespace nb::literals;
 
@@ -706,4 +708,5 @@ NB_MODULE(_safetensors_cpp, m) {
 
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;
+  bind_engine(m, [](Error e) { throw TranslatedError{std::move(e), Op::kOther}; });
 }
