@@ -1,8 +1,21 @@
 #include "safetensors/error.h"
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 
 namespace safetensors {
+namespace {
+
+// strerror, thread-safe: the GNU strerror_r returns the text (maybe not in buf); the XSI one fills buf.
+[[maybe_unused]] const char* strerror_result(const char* text, const char*) { return text; }
+[[maybe_unused]] const char* strerror_result(int, const char* buf) { return buf; }
+const char* system_error_text(int err, char* buf, std::size_t size) {
+  buf[0] = '\0';
+  return strerror_result(strerror_r(err, buf, size), buf);
+}
+
+}  // namespace
 
 Error Error::header_too_small(std::string_view context) { return {Kind::kHeaderTooSmall, context, {}, {}}; }
 Error Error::header_too_large(std::string_view context, std::string_view detail) {
@@ -38,10 +51,18 @@ Error Error::tensor_not_found(std::string_view context, std::string_view tensor)
 Error Error::invalid_slice(std::string_view context, std::string_view tensor, std::string_view detail) {
   return {Kind::kInvalidSlice, context, tensor, detail};
 }
-Error Error::not_found(std::string_view context) { return {Kind::kNotFound, context, {}, {}}; }
-Error Error::io(std::string_view context, std::string_view detail) { return {Kind::kIo, context, {}, detail}; }
+Error Error::not_found(std::string_view context) { return {Kind::kNotFound, context, {}, {}, ENOENT}; }
+Error Error::io(std::string_view context, std::string_view detail, int sys_errno) {
+  return {Kind::kIo, context, {}, detail, sys_errno};
+}
 Error Error::invalid_argument(std::string_view context, std::string_view detail) {
   return {Kind::kInvalidArgument, context, {}, detail};
+}
+
+Error Error::with_tensor(std::string_view tensor) const {
+  Error e = *this;
+  e.tensor_ = tensor;
+  return e;
 }
 
 std::string_view Error::token() const {
@@ -100,7 +121,24 @@ std::string Error::message() const {
       if (!tensor_.empty()) s += " for tensor " + quoted;
       break;
     case Kind::kNotFound: s = "No such file or directory: " + context_; break;
-    case Kind::kIo: s = "I/O error"; break;
+    case Kind::kIo:
+      // Starts as the reference's text ("I/O error: No space left on device (os error 28)"), then says what
+      // was being done.
+      s = "I/O error";
+      if (sys_errno_ != 0) {
+        char buf[256];
+        s += ": ";
+        s += system_error_text(sys_errno_, buf, sizeof buf);
+        s += " (os error " + std::to_string(sys_errno_) + ")";
+        if (!detail_.empty()) s += " during " + detail_;
+        if (!tensor_.empty()) s += " (tensor " + quoted + ")";
+        return s;
+      }
+      if (!tensor_.empty()) {
+        if (!detail_.empty()) s += ": " + detail_;
+        return s + " (tensor " + quoted + ")";
+      }
+      break;
     case Kind::kInvalidArgument: s = "invalid argument"; break;
   }
   if (!detail_.empty()) {

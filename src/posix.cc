@@ -40,10 +40,7 @@ ScopedSyscalls::~ScopedSyscalls() { g_syscalls.store(previous_, std::memory_orde
 
 Error errno_error(std::string_view path, std::string_view what, int err) {
   if (err == ENOENT) return Error::not_found(path);
-  std::string detail(what);
-  detail += ": ";
-  detail += std::strerror(err);
-  return Error::io(path, detail);
+  return Error::io(path, what, err);
 }
 
 Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span<std::byte> dst,

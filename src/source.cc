@@ -100,6 +100,7 @@ class MmapSource final : public Source {
   }
 
   std::string path_;
+  // Kept open for read(): positional reads of a file that shrank fail cleanly, where the mapping faults.
   int fd_;
   void* base_;
   std::uint64_t size_;
@@ -188,6 +189,10 @@ Result<std::span<const std::byte>> Source::read(std::uint64_t offset, std::span<
   return read_checked(offset, dst, what);
 }
 
+Status Source::pread_into(std::uint64_t offset, std::span<std::byte> dst) const {
+  return read_exact(*this, offset, dst);
+}
+
 Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst, std::string_view what) {
   auto got = source.read(offset, dst, what);
   if (!got.ok()) return std::move(got).error();
@@ -212,6 +217,7 @@ Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, 
       base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     }
     if (base != MAP_FAILED) {
+      // The descriptor stays open (every read() is a positional read); the mapping holds its own reference.
       return std::shared_ptr<const Source>(std::make_shared<MmapSource>(path, fd, base, size, writable));
     }
   }

@@ -1,4 +1,5 @@
-/* The C API of the safetensors library: a C-callable layer over the C++ API (file.h, writer.h, sharded.h).
+/* The C API of the safetensors library: a C-callable layer over the C++ API (file.h, writer.h, sharded.h,
+   engine.h).
 
    Conventions, which hold for every function below unless its comment says otherwise:
 
@@ -39,7 +40,9 @@
 
    (7) Thread safety. File, sharded-file, view and slice-plan handles are immutable after creation and
        safe for concurrent use by multiple threads; freeing a handle requires that no other thread is using
-       it. Error objects are plain values. Tensors are addressed by position (0 <= i < count, in file order);
+       it. A prefetcher handle is used by one consumer thread, except safetensors_prefetch_cancel(), which
+       any thread may call at any time; the slab-pool functions are safe from any thread. Error objects are
+       plain values. Tensors are addressed by position (0 <= i < count, in file order);
        a position out of range makes accessors return NULL/0 and fallible functions return
        SAFETENSORS_INVALID_ARGUMENT.
 */
@@ -402,6 +405,136 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_read_many(const safete
                                                                     const safetensors_read_request_t* requests,
                                                                     size_t count, unsigned threads,
                                                                     safetensors_error_t** error);
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Prefetch: a plan of byte ranges read in the background (engine.h) */
+
+typedef enum safetensors_delivery_t {
+  /* Read into slabs of the process-wide slab pool and handed out chunk by chunk. */
+  SAFETENSORS_DELIVERY_STAGED = 0,
+  /* Read straight into the caller's destination. */
+  SAFETENSORS_DELIVERY_DIRECT = 1
+} safetensors_delivery_t;
+
+/* One range of a plan: data-buffer offsets [begin, end) of the tensor at position `tensor` (which names it in
+   errors). Part of the ABI (convention 1). */
+typedef struct safetensors_piece_t {
+  uint64_t begin;
+  uint64_t end;
+  size_t tensor;
+  int32_t delivery; /* a safetensors_delivery_t */
+  void* dst;        /* DIRECT: end - begin bytes, valid until the piece is done or the prefetcher freed */
+  size_t dst_len;
+} safetensors_piece_t;
+
+/* Fills *piece with all of tensor i (delivery STAGED, no dst). Errors: SAFETENSORS_INVALID_ARGUMENT (i out of
+   range). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_tensor_piece(const safetensors_file_t* file, size_t i,
+                                                               safetensors_piece_t* piece,
+                                                               safetensors_error_t** error);
+/* Fills *piece with rows [r0, r1) of tensor i's first dimension (delivery STAGED). Errors:
+   SAFETENSORS_INVALID_SLICE (0-d tensor, rows out of range), SAFETENSORS_MISALIGNED_SLICE (a sub-byte row
+   boundary inside a byte), SAFETENSORS_INVALID_ARGUMENT. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_row_piece(const safetensors_file_t* file, size_t i, uint64_t r0,
+                                                            uint64_t r1, safetensors_piece_t* piece,
+                                                            safetensors_error_t** error);
+
+/* Options of safetensors_prefetch_start; 0 in a field means its default. Part of the ABI (convention 1). */
+typedef struct safetensors_prefetch_options_t {
+  unsigned threads;     /* reader threads, at most 64 (default 8) */
+  uint64_t chunk_bytes; /* largest read (default 8 MiB; staged chunks are also at most the slab size) */
+  uint64_t merge_gap;   /* staged pieces this close are read together, the gap included (default 0) */
+  size_t max_slabs;     /* slabs this prefetcher holds at once (default 2 * threads) */
+} safetensors_prefetch_options_t;
+
+typedef struct safetensors_prefetcher_t safetensors_prefetcher_t;
+
+/* Validates the plan and starts reading it in the background. The prefetcher keeps the file open: `file` may
+   be freed right after. `options` may be NULL. Errors: SAFETENSORS_INVALID_ARGUMENT (a piece outside the data
+   buffer, a DIRECT piece whose dst_len differs from its size, an unknown delivery, a tensor position out of
+   range, bad options). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_start(const safetensors_file_t* file,
+                                                                 const safetensors_piece_t* pieces, size_t count,
+                                                                 const safetensors_prefetch_options_t* options,
+                                                                 safetensors_prefetcher_t** prefetcher,
+                                                                 safetensors_error_t** error);
+/* Cancels, joins the readers and returns every slab. REQUIRES: nothing reads a lent slab any more. */
+SAFETENSORS_EXPORT void safetensors_prefetch_free(safetensors_prefetcher_t* prefetcher);
+
+typedef enum safetensors_event_kind_t {
+  SAFETENSORS_EVENT_STAGED = 0, /* bytes of a staged piece in a slab: copy them, then release the slab */
+  SAFETENSORS_EVENT_DIRECT = 1, /* a direct piece is complete in its destination */
+  SAFETENSORS_EVENT_END = 2,    /* every piece was delivered */
+  SAFETENSORS_EVENT_TIMEOUT = 3 /* nothing came within the timeout */
+} safetensors_event_kind_t;
+
+/* Part of the ABI (convention 1). */
+typedef struct safetensors_prefetch_event_t {
+  int32_t kind;       /* a safetensors_event_kind_t */
+  int32_t piece_done; /* the piece's last chunk (STAGED), always 1 (DIRECT) */
+  size_t piece;       /* position in the plan */
+  uint64_t offset;    /* STAGED: where data lies in the piece */
+  const void* data;   /* STAGED: valid until the slab is released or the prefetcher freed */
+  size_t size;
+  uint64_t slab;         /* STAGED: the handle to release (0: none) */
+  const void* slab_data; /* STAGED: the start of the slab's allocation (what the allocator returned) */
+} safetensors_prefetch_event_t;
+
+/* Waits for the next event, at most timeout_ms milliseconds (negative: no limit), and stores it in *event.
+   Errors: the readers' first error (SAFETENSORS_IO and others, naming the file and the tensor) on this and
+   every later call; SAFETENSORS_INVALID_ARGUMENT after safetensors_prefetch_cancel. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_next(safetensors_prefetcher_t* prefetcher,
+                                                                int64_t timeout_ms,
+                                                                safetensors_prefetch_event_t* event,
+                                                                safetensors_error_t** error);
+/* Returns an event's slab to the pool (0 does nothing). Errors: SAFETENSORS_INVALID_ARGUMENT (not lent). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_release(safetensors_prefetcher_t* prefetcher,
+                                                                   uint64_t slab, safetensors_error_t** error);
+/* Waits until DIRECT piece i is complete. Errors: the readers' error; SAFETENSORS_INVALID_ARGUMENT (not a
+   direct piece, or cancelled first). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_wait_piece(safetensors_prefetcher_t* prefetcher,
+                                                                      size_t i, safetensors_error_t** error);
+/* Stops the readers and wakes every waiter. Any thread, any time, idempotent. */
+SAFETENSORS_EXPORT void safetensors_prefetch_cancel(safetensors_prefetcher_t* prefetcher);
+
+/* Counters, for tests and benchmarks. Part of the ABI (convention 1). */
+typedef struct safetensors_prefetch_stats_t {
+  uint64_t bytes_read;
+  uint64_t reads;
+  uint64_t bytes_staged;
+  uint64_t bytes_direct;
+  uint64_t chunks;
+  uint64_t slab_wait_ns;
+  uint64_t events_lent;
+} safetensors_prefetch_stats_t;
+SAFETENSORS_EXPORT void safetensors_prefetch_stats(const safetensors_prefetcher_t* prefetcher,
+                                                   safetensors_prefetch_stats_t* stats);
+
+/* The process-wide slab pool. Errors: SAFETENSORS_INVALID_ARGUMENT (capacity below the slab size; a slab size
+   that is 0, above the capacity or not a multiple of 4096). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_slab_pool_set_capacity(uint64_t bytes, safetensors_error_t** error);
+SAFETENSORS_EXPORT safetensors_code_t safetensors_slab_pool_set_slab_bytes(uint64_t bytes,
+                                                                          safetensors_error_t** error);
+/* Slabs allocated from now on come from alloc(size, user) (NULL on failure) and go back through
+   free(p, size, user); both NULL restores the default. The callbacks may run on any thread, and `user` must
+   stay valid while any slab they made is alive. Errors: SAFETENSORS_INVALID_ARGUMENT (exactly one NULL). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_slab_pool_set_allocator(void* (*alloc)(size_t size, void* user),
+                                                                         void (*free)(void* p, size_t size,
+                                                                                      void* user),
+                                                                         void* user, safetensors_error_t** error);
+/* Frees every idle slab now. */
+SAFETENSORS_EXPORT void safetensors_slab_pool_trim(void);
+
+/* Part of the ABI (convention 1). */
+typedef struct safetensors_slab_pool_stats_t {
+  uint64_t capacity;
+  uint64_t slab_bytes;
+  uint64_t allocated_bytes;
+  uint64_t peak_bytes;
+  uint64_t slabs_in_use;
+  uint64_t slabs_free;
+} safetensors_slab_pool_stats_t;
+SAFETENSORS_EXPORT void safetensors_slab_pool_stats(safetensors_slab_pool_stats_t* stats);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -52,7 +52,8 @@ class SAFETENSORS_EXPORT Error {
     // The file does not exist (ENOENT).
     kNotFound,
     // Any other operating-system failure (open, read, write, fsync, rename, mmap), or a file that changed
-    // size after it was opened.
+    // size after it was opened. sys_errno() holds the errno where a system call failed (0 for a file that
+    // changed size under us).
     kIo,
     // The caller broke a documented precondition (wrong buffer size, unknown name in a write plan, a protocol
     // step out of order, ...).
@@ -73,14 +74,22 @@ class SAFETENSORS_EXPORT Error {
   static Error metadata_incomplete_buffer(std::string_view context, std::string_view detail = {});
   static Error tensor_not_found(std::string_view context, std::string_view tensor);
   static Error invalid_slice(std::string_view context, std::string_view tensor, std::string_view detail);
+  // not_found carries ENOENT as sys_errno(). For io, `detail` says what was being done ("write", "rename")
+  // when `sys_errno` is set, and what went wrong otherwise.
   static Error not_found(std::string_view context);
-  static Error io(std::string_view context, std::string_view detail);
+  static Error io(std::string_view context, std::string_view detail, int sys_errno = 0);
   static Error invalid_argument(std::string_view context, std::string_view detail);
+
+  // This error naming `tensor` as well: for failures met below the layer that knows which tensor was being
+  // read (an I/O error of a prefetch read, for one).
+  Error with_tensor(std::string_view tensor) const;
 
   Kind kind() const { return kind_; }
   const std::string& context() const { return context_; }
   const std::string& tensor() const { return tensor_; }
   const std::string& detail() const { return detail_; }
+  // The operating system's error number behind a kIo or kNotFound error, or 0 where there is none.
+  int sys_errno() const { return sys_errno_; }
 
   // The reference implementation's variant name for this kind, e.g. "HeaderTooLarge". Downstream tools match
   // on these tokens, so they are part of the text.
@@ -93,10 +102,11 @@ class SAFETENSORS_EXPORT Error {
   std::string to_string() const;
 
  private:
-  Error(Kind kind, std::string_view context, std::string_view tensor, std::string_view detail)
-      : kind_(kind), context_(context), tensor_(tensor), detail_(detail) {}
+  Error(Kind kind, std::string_view context, std::string_view tensor, std::string_view detail, int sys_errno = 0)
+      : kind_(kind), sys_errno_(sys_errno), context_(context), tensor_(tensor), detail_(detail) {}
 
   Kind kind_;
+  int sys_errno_;
   std::string context_;
   std::string tensor_;
   std::string detail_;

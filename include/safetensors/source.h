@@ -63,6 +63,10 @@ class SAFETENSORS_EXPORT Source {
   Result<std::span<const std::byte>> read(std::uint64_t offset, std::span<std::byte> dst,
                                           std::string_view what = "read") const;
 
+  // Copies exactly dst.size() bytes starting at `offset` into dst (read_exact()): a positional read of the
+  // file, never a copy out of a mapping, as every read() of a file is. Errors: as read().
+  Status pread_into(std::uint64_t offset, std::span<std::byte> dst) const;
+
   // The whole content as addressable memory, or nullptr (pread). Valid while this Source is alive. For a
   // mapping this is the one unprotected path: touching a page the file no longer backs raises SIGBUS.
   virtual const std::byte* data() const { return nullptr; }
@@ -105,6 +109,7 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   explicit FaultySource(std::shared_ptr<const Source> base);
   ~FaultySource() override;
 
+  // The faults and counters apply to every read (read(), pread_into(), read_exact()).
   // When set, every read returns kIo as if the file ended before the requested bytes.
   std::atomic<bool> short_read{false};
   // When >= 0, a read whose range contains this offset fails with kIo (EIO).

@@ -6,8 +6,13 @@ reference; see README.md for where this package deliberately does better.
 
 from ._core import (  # noqa: F401
     SafetensorError,
+    SafetensorIOError,
     SafetensorSliceError,
+    PrefetchLoader,
+    PySafeSlice,
+    TensorMeta,
     TensorSpec,
+    TensorStream,
     _safe_open_handle,
     deserialize,
     safe_open,
@@ -15,12 +20,17 @@ from ._core import (  # noqa: F401
     serialize_file,
 )
 
-__version__ = "0.8.0+cpp.1"
+__version__ = "0.8.0+cpp.2"
 
 __all__ = [
     "SafetensorError",
+    "SafetensorIOError",
     "SafetensorSliceError",
+    "PrefetchLoader",
+    "PySafeSlice",
+    "TensorMeta",
     "TensorSpec",
+    "TensorStream",
     "__version__",
     "deserialize",
     "safe_open",

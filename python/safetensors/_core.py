@@ -14,13 +14,19 @@ import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _safetensors_cpp as _cpp
-from ._safetensors_cpp import SafetensorError, SafetensorSliceError
+from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
+from ._prefetch import PrefetchLoader, TensorStream
 from ._slicing import IndexPlan, parse_index
 
 __all__ = [
     "SafetensorError",
+    "SafetensorIOError",
     "SafetensorSliceError",
+    "PrefetchLoader",
+    "PySafeSlice",
+    "TensorMeta",
     "TensorSpec",
+    "TensorStream",
     "deserialize",
     "safe_open",
     "_safe_open_handle",
@@ -135,6 +141,12 @@ class Framework:
 
     def stack(self, tensors: List[Any], axis: int) -> Any:
         raise NotImplementedError
+
+    def reference_slice_error(self, reader: "_Reader", index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
+        """The reference's text for an index our slicer refused (None where the reference accepts it)."""
+        from ._slice_errors import rust_indexer_error
+
+        return rust_indexer_error(index, shape)
 
     # -- loading strategies ------------------------------------------------------------------------------
     def get_tensor(self, reader: "_Reader", name: str) -> Any:
@@ -284,15 +296,80 @@ class safe_open:
         with gc_paused():
             return reader.adapter.get_all(reader)
 
-    def get_slice(self, name: str) -> "SafeSlice":
+    def get_slice(self, name: str) -> "PySafeSlice":
         """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
         reader = self._open()
         if name not in reader.file:
             reader.file.info(name)  # raises the reference's "File does not contain tensor" error
-        return SafeSlice(reader, name)
+        return PySafeSlice(reader, name)
+
+    def get_tensor_meta(self, name: str) -> "TensorMeta":
+        """Tensor ``name``'s header entry (dtype code, shape, data offsets); no data is read."""
+        code, shape, begin, end = self._open().file.info(name)
+        return TensorMeta(code, list(shape), (begin, end))
+
+    def prefetch(self, plan: Optional[Dict[str, Optional[slice]]] = None, *, device: Any = None,
+                 threads: int = 8) -> "PrefetchLoader":
+        """Starts loading tensors in the background and returns at once.
+
+        Args:
+            plan: ``None`` loads every tensor whole; else ``{name: None | slice}``, a slice taking rows
+                ``[start, stop)`` of the first dimension (step 1; negative bounds count from the end).
+            device: where the tensors go (defaults to the handle's device): ``"cpu"``, ``"cuda:0"``,
+                ``"npu:1"``, an int (a device of the current accelerator), a ``torch.device``...
+            threads: reader threads of this loader (CPU loads).
+
+        Every error of the plan is raised here, before anything is read. Only ``framework="pt"``.
+        """
+        reader = self._open()
+        if reader.adapter.name != "pytorch":
+            raise SafetensorError('prefetch is only compatible with framework="pt"')
+        from ._prefetch import plan_pieces
+
+        target = reader.device if device is None else reader.adapter.resolve_device(device)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise SafetensorError(f"prefetch threads must be a positive integer, got {threads!r}")
+        return PrefetchLoader(reader, plan_pieces(reader, plan), target, threads)
 
 
-class SafeSlice:
+class TensorMeta:
+    """A tensor's header entry, as written in the file: ``dtype`` (the code, e.g. ``"F32"``), ``shape`` and
+    ``data_offsets`` (``(begin, end)`` within the data buffer). Built without reading any data."""
+
+    __slots__ = ("_dtype", "_shape", "_offsets")
+
+    def __init__(self, dtype: str, shape: List[int], data_offsets: Tuple[int, int]) -> None:
+        self._dtype = dtype
+        self._shape = shape
+        self._offsets = data_offsets
+
+    @property
+    def dtype(self) -> str:
+        return self._dtype
+
+    @property
+    def shape(self) -> List[int]:
+        return list(self._shape)
+
+    @property
+    def data_offsets(self) -> Tuple[int, int]:
+        return self._offsets
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorMeta):
+            return NotImplemented
+        return (self._dtype, self._shape, self._offsets) == (other._dtype, other._shape, other._offsets)
+
+    def __hash__(self) -> int:
+        return hash((self._dtype, tuple(self._shape), self._offsets))
+
+    def __repr__(self) -> str:
+        shape = ", ".join(str(d) for d in self._shape)
+        return (f'TensorMeta {{ dtype: "{self._dtype}", shape: [{shape}], data_offsets: '
+                f"({self._offsets[0]}, {self._offsets[1]}) }}")
+
+
+class PySafeSlice:
     """A tensor not read yet: ``get_shape()``, ``get_dtype()``, and ``[index]`` with numpy semantics."""
 
     __slots__ = ("_reader", "_name")
@@ -314,14 +391,24 @@ class SafeSlice:
         return shape[0]
 
     def __getitem__(self, index: Any) -> Any:
-        code, shape, _, _ = self._reader.file.info(self._name)
-        plan = parse_index(index, len(shape))
-        return self._reader.adapter.load_slice(self._reader, self._name, code, plan)
+        reader = self._reader
+        code, shape, _, _ = reader.file.info(self._name)
+        try:
+            plan = parse_index(index, len(shape))
+            return reader.adapter.load_slice(reader, self._name, code, plan)
+        except SafetensorSliceError as e:
+            # Refused: where the reference refuses the same index too, its exact words.
+            text = reader.adapter.reference_slice_error(reader, index, code, shape)
+            if text is None:
+                raise
+            raise SafetensorSliceError(text) from e
 
 
-def _safe_open_handle(f: Any, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> safe_open:
-    """Opens the file behind an open file object (by its ``name``)."""
-    return safe_open(f.name, framework, device, backend=backend)
+class _safe_open_handle(safe_open):
+    """``safe_open`` over an open file object (opened by its ``name``), as the reference's class of this name."""
+
+    def __init__(self, f: Any, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> None:
+        super().__init__(f.name, framework, device, backend=backend)
 
 
 class TensorSpec:

@@ -1,9 +1,10 @@
 """Native core of the safetensors package (C++ library binding)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from safetensors import (
     SafetensorError as SafetensorError,
+    SafetensorIOError as SafetensorIOError,
     SafetensorSliceError as SafetensorSliceError
 )
 
@@ -155,3 +156,113 @@ def live_mappings() -> int:
     """Number of file mappings alive in this process (for tests)."""
 
 DEFAULT_MAX_HEADER_BYTES: int = 100000000
+
+def tensor_piece(file: File, name: str) -> tuple[int, int]:
+    """The data-buffer range [begin, end) of a whole tensor."""
+
+def row_piece(file: File, name: str, r0: int, r1: int) -> tuple[int, int]:
+    """
+    The data-buffer range [begin, end) of rows [r0, r1) of a tensor's first dimension (checked: 0-d, range, sub-byte alignment).
+    """
+
+class PrefetchEvent:
+    """What Prefetcher.next() returns."""
+
+    @property
+    def kind(self) -> str:
+        """
+        'staged' (bytes in a slab), 'direct' (a piece complete), 'end' or 'timeout'.
+        """
+
+    @property
+    def piece(self) -> int:
+        """The piece's position in the plan."""
+
+    @property
+    def offset(self) -> int:
+        """staged: where the bytes lie in the piece."""
+
+    @property
+    def address(self) -> int:
+        """staged: the bytes' address in the slab (valid until release(slab))."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def slab(self) -> int:
+        """staged: the handle to release (0: none)."""
+
+    @property
+    def slab_address(self) -> int:
+        """
+        staged: the slab allocation's start (what the pool's alloc returned); address - slab_address is the bytes' offset in it.
+        """
+
+    @property
+    def piece_done(self) -> bool:
+        """The piece's last chunk (always true for direct)."""
+
+class Prefetcher:
+    """
+    A plan of data-buffer ranges read in the background (the C++ engine). Each plan item is (tensor name, begin, end, dst): dst an address of end - begin writable bytes (direct) or None (staged: bytes come through slabs of the process-wide pool).
+    """
+
+    def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = 8, chunk_bytes: int = 8388608, merge_gap: int = 0, max_slabs: int = 0) -> None: ...
+
+    def next(self, timeout: float | None = None) -> PrefetchEvent:
+        """
+        Waits (the GIL released) for the next event; raises the readers' error (naming file and tensor).
+        """
+
+    def release(self, slab: int) -> None:
+        """
+        Returns a staged event's slab to the pool, once nothing reads it any more.
+        """
+
+    def wait_piece(self, piece: int) -> None:
+        """Waits (the GIL released) until direct piece `piece` is complete."""
+
+    def piece_done(self, piece: int) -> bool: ...
+
+    def cancel(self) -> None:
+        """
+        Stops the readers and wakes every waiter; lent slabs stay valid until released or close().
+        """
+
+    def close(self) -> None:
+        """
+        Cancels, joins the readers and returns every slab. Then every method but close() raises.
+        """
+
+    def __enter__(self) -> Prefetcher: ...
+
+    def __exit__(self, arg0: object | None, arg1: object | None, arg2: object | None, /) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def stats(self) -> dict[str, int]:
+        """
+        Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...
+        """
+
+def slab_pool_set_capacity(bytes: int) -> None:
+    """
+    The most bytes the process-wide slab pool allocates at once (default 256 MiB).
+    """
+
+def slab_pool_set_slab_bytes(bytes: int) -> None:
+    """The size of each slab (a multiple of 4096; default 8 MiB)."""
+
+def slab_pool_set_allocator(alloc: Callable[[int], int] | None = None, free: Callable[[int, int], None] | None = None) -> None:
+    """
+    Slab memory from alloc(size) -> address (0 on failure), returned by free(address, size); both None: the default. They run on reader threads (taking the GIL).
+    """
+
+def slab_pool_trim() -> None:
+    """Frees every idle slab now."""
+
+def slab_pool_stats() -> dict[str, int]:
+    """
+    Counters of the process-wide slab pool (bytes allocated now and at peak, slabs in use, ...).
+    """

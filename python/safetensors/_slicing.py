@@ -120,7 +120,7 @@ def parse_index(index: Any, ndim: int) -> IndexPlan:
     plan = IndexPlan()
     kinds = []  # per item: "int", "slice", "list", "ellipsis", "none"
     for item in items:
-        if item is None:
+        if item is None or item is True:  # numpy and torch: True is a new axis of length 1, like None
             kinds.append("none")
         elif item is Ellipsis:
             kinds.append("ellipsis")
@@ -149,7 +149,7 @@ def parse_index(index: Any, ndim: int) -> IndexPlan:
             plan.spec.append(_ELLIPSIS)
             plan.slots.extend("S" * (ndim - explicit))
         elif kind == "int":
-            plan.spec.append((0, _as_int(item), None, None))
+            plan.spec.append((0, _clamp64(_as_int(item)), None, None))
         elif kind == "slice":
             plan.spec.append((1, _slice_bound(item.start), _slice_bound(item.stop), _slice_bound(item.step)))
             plan.slots.append("S")
@@ -199,5 +199,10 @@ def _slice_bound(value: Any) -> Optional[int]:
         raise SafetensorSliceError(
             f"slice indices must be integers or None or have an __index__ method (got {type(value).__name__})"
         )
-    # The native planner takes 64-bit bounds; Python's clamping makes anything larger equivalent to the limit.
+    return _clamp64(i)
+
+
+def _clamp64(i: int) -> int:
+    """The native planner takes 64-bit positions. A bound beyond them is equivalent to the limit (Python
+    clamps slices), and an integer index beyond them is out of bounds either way."""
     return max(-(2**63), min(i, 2**63 - 1))

@@ -18,7 +18,7 @@ from ._core import load_file_as, open_bytes, PathLike, SafetensorError, serializ
 # Names the reference's module also offers (other projects import them from here).
 from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
-from .numpy import _Numpy, _flatten
+from .numpy import _Numpy, _flatten_specs
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -62,9 +62,25 @@ def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in tensors.items()}
 
 
+def _np2jnp(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
+    """Replaces each array of ``numpy_dict`` by its jax array, in place (as the reference does); returns the
+    dict."""
+    for name, value in numpy_dict.items():
+        numpy_dict[name] = _ADAPTER.to_device(value, None)
+    return numpy_dict
+
+
+def _jnp2np(jnp_dict: Dict[str, jax.Array]) -> Dict[str, np.ndarray]:
+    """Replaces each array of ``jnp_dict`` by ``np.asarray`` of it, in place (as the reference does); returns
+    the dict."""
+    for name, value in jnp_dict.items():
+        jnp_dict[name] = np.asarray(value)
+    return jnp_dict
+
+
 def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten(_to_numpy(tensors)), metadata)
+    return serialize_flat(_flatten_specs(_to_numpy(tensors)), metadata)
 
 
 def save_file(
@@ -75,7 +91,7 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensors`` to ``filename`` atomically."""
-    serialize_flat_file(_flatten(_to_numpy(tensors)), filename, metadata, fsync)
+    serialize_flat_file(_flatten_specs(_to_numpy(tensors)), filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:

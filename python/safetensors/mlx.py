@@ -17,7 +17,7 @@ from ._core import load_file_as, open_bytes, PathLike, SafetensorError, serializ
 # Names the reference's module also offers (other projects import them from here).
 from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
-from .numpy import _Numpy, _flatten
+from .numpy import _Numpy, _flatten_specs
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -63,17 +63,30 @@ def _host(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def _mx2np(mx_dict: Dict[str, mx.array]) -> Dict[str, np.ndarray]:
+    """A new dict of host arrays (the reference's helper; it leaves ``mx_dict`` as it is)."""
+    return {name: _host(value) for name, value in mx_dict.items()}
+
+
+def _np2mx(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, mx.array]:
+    """Replaces each array of ``numpy_dict`` by its MLX array, in place (as the reference does); returns the
+    dict."""
+    for name, value in numpy_dict.items():
+        numpy_dict[name] = _ADAPTER.to_device(value, None)
+    return numpy_dict
+
+
 def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
     """A new dict of host arrays; the caller's dict is left as it is. Anything ``np.asarray`` takes is
     accepted, as with the reference."""
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, mx.array] but received {type(tensors)}")
-    return {name: _host(value) for name, value in tensors.items()}
+    return _mx2np(tensors)
 
 
 def save(tensors: Dict[str, mx.array], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten(_to_numpy(tensors)), metadata)
+    return serialize_flat(_flatten_specs(_to_numpy(tensors)), metadata)
 
 
 def save_file(
@@ -84,7 +97,7 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensors`` to ``filename`` atomically."""
-    serialize_flat_file(_flatten(_to_numpy(tensors)), filename, metadata, fsync)
+    serialize_flat_file(_flatten_specs(_to_numpy(tensors)), filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, mx.array]:

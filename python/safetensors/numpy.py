@@ -143,7 +143,9 @@ class _PlainNumpy(_Numpy):
 _ADAPTER = _PlainNumpy()
 
 
-def _flatten(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], List[np.ndarray]]:
+def _flatten_specs(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], List[np.ndarray]]:
+    """Checks arrays for saving and describes each by address: ``(specs, keep_alive)`` for serialize_flat,
+    where keep_alive holds the little-endian, packed or contiguous copies the specs point into."""
     if not isinstance(tensor_dict, dict):
         raise ValueError(f"Expected a dict of [str, np.ndarray] but received {type(tensor_dict)}")
     if sys.byteorder == "big":  # pragma: no cover
@@ -168,9 +170,49 @@ def _flatten(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], List[np.n
     return specs, keep_alive
 
 
+def _tensor_spec(code: str, shape: List[int], data_ptr: int, data_len: int, array: np.ndarray) -> TensorSpec:
+    """The TensorSpec of one flattened array. TensorSpec takes torch's dtype names, so F4 goes by its packed
+    (x2) form, whose last dimension it doubles back; a code TensorSpec cannot name (F6, an odd F4 row) raises
+    the reference's error for the array's own dtype name."""
+    row = DTYPES[code]
+    if code == "F4" and shape and shape[-1] % 2 == 0:
+        return TensorSpec(dtype=row.torch_name, shape=shape[:-1] + [shape[-1] // 2], data_ptr=data_ptr, data_len=data_len)
+    if code in _PACKED_BITS or not row.torch_name:
+        return TensorSpec(dtype=array.dtype.name, shape=shape, data_ptr=data_ptr, data_len=data_len)
+    return TensorSpec(dtype=row.torch_name, shape=shape, data_ptr=data_ptr, data_len=data_len)
+
+
+def _flatten(tensor_dict: Dict[str, np.ndarray], keep_alive_buffer: List) -> Dict[str, TensorSpec]:
+    """The reference's form: ``{name: TensorSpec}`` for serialize/serialize_file; the arrays the specs point
+    into are appended to ``keep_alive_buffer``, which the caller keeps until the call returns."""
+    specs, keep_alive = _flatten_specs(tensor_dict)
+    keep_alive_buffer.extend(keep_alive)
+    return {
+        name: _tensor_spec(code, shape, ptr, nbytes, tensor_dict[name])
+        for name, code, shape, ptr, nbytes in specs
+    }
+
+
+def _view2np(safeview: List[Tuple[str, Dict[str, Any]]]) -> Dict[str, np.ndarray]:
+    """``deserialize`` output to ``{name: array}``; each array shares the memory of its ``data``."""
+    return {name: _ADAPTER.view(v["data"], v["dtype"], tuple(v["shape"])) for name, v in safeview}
+
+
+def _is_little_endian(tensor: np.ndarray) -> bool:
+    """True when the array's bytes are little-endian (native order on a little-endian host, or no order)."""
+    order = tensor.dtype.byteorder
+    if order == "=":
+        return sys.byteorder == "little"
+    if order in ("<", "|"):
+        return True
+    if order == ">":
+        return False
+    raise ValueError(f"Unexpected byte order {order}")
+
+
 def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensor_dict``."""
-    return serialize_flat(_flatten(tensor_dict), metadata)
+    return serialize_flat(_flatten_specs(tensor_dict), metadata)
 
 
 def save_file(
@@ -181,7 +223,7 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensor_dict`` to ``filename`` atomically."""
-    serialize_flat_file(_flatten(tensor_dict), filename, metadata, fsync)
+    serialize_flat_file(_flatten_specs(tensor_dict), filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, np.ndarray]:

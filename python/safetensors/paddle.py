@@ -14,6 +14,7 @@ tensors raise SafetensorError rather than load as bfloat16.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -38,6 +39,14 @@ _TYPES: Dict[str, Any] = {
     if row.code != "U16" and row.torch_name and isinstance(getattr(paddle, row.torch_name, None), paddle.dtype)
 }
 _CODES: Dict[Any, str] = {dtype: code for code, dtype in _TYPES.items()}
+#: paddle dtype -> bytes per element.
+_SIZE: Dict[Any, int] = {dtype: DTYPES[code].bits // 8 for code, dtype in _TYPES.items()}
+#: paddle dtype -> the numpy type of its width that byte-swaps it: numpy's own where it has one, else float16
+#: for 16 bits and uint8 for 8 bits (the reference's stand-ins; byte order only depends on the width).
+NPDTYPES: Dict[Any, Any] = {
+    dtype: bool if code == "BOOL" else getattr(np, DTYPES[code].numpy_name, None) or {2: np.float16, 1: np.uint8}[_SIZE[dtype]]
+    for code, dtype in _TYPES.items()
+}
 
 # DLPack has no bfloat16 or float8: those cross as integers of their width and are reinterpreted. bfloat16
 # goes as int16 because paddle turns a DLPack uint16 into its legacy uint16 type, which has no kernels.
@@ -195,7 +204,36 @@ def _non_contiguous_message(name: str) -> str:
     )
 
 
-def _flatten(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List[paddle.Tensor]]:
+def _to_ndarray(tensor: paddle.Tensor, name: str) -> Tuple[np.ndarray, Any]:
+    """``(array, tensor)``: a numpy uint8 array over the bytes of the (contiguous) tensor without a copy, and
+    the CPU tensor owning them, which the caller keeps alive while the array is used. Tensors elsewhere are
+    copied to the CPU first; a tensor without memory gives ``(np.empty(0), 0)``. ValueError when the tensor is
+    not contiguous."""
+    if not tensor.is_contiguous():
+        raise ValueError(_non_contiguous_message(name))
+    if not tensor.place.is_cpu_place():
+        tensor = tensor.cpu()
+    ptr = tensor.data_ptr()
+    if ptr == 0:
+        return np.empty(0), 0
+    if sys.byteorder == "big":  # pragma: no cover
+        raise SafetensorError("big-endian hosts are not supported")
+    nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * _SIZE[tensor.dtype]
+    return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8), tensor
+
+
+def _flatten(tensors: Dict[str, paddle.Tensor], keep_alive_buffer: List) -> Dict[str, TensorSpec]:
+    """The reference's form of _flatten_specs: ``{name: TensorSpec}`` for serialize/serialize_file, after the
+    same checks; what keeps the described memory valid is appended to ``keep_alive_buffer``."""
+    specs, keep_alive = _flatten_specs(tensors)
+    keep_alive_buffer.extend(keep_alive)
+    return {
+        name: TensorSpec(dtype=DTYPES[code].torch_name, shape=shape, data_ptr=ptr, data_len=nbytes)
+        for name, code, shape, ptr, nbytes in specs
+    }
+
+
+def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List[paddle.Tensor]]:
     """Checks tensors for saving (in the reference's order) and describes each by address; the second list
     keeps CPU copies of device tensors alive until the write is done."""
     if not isinstance(tensors, dict):
@@ -224,7 +262,7 @@ def _flatten(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List[paddl
 
 def save(tensors: Dict[str, paddle.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten(tensors), metadata)
+    return serialize_flat(_flatten_specs(tensors), metadata)
 
 
 def save_file(
@@ -235,10 +273,34 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
-    serialize_flat_file(_flatten(tensors), filename, metadata, fsync)
+    serialize_flat_file(_flatten_specs(tensors), filename, metadata, fsync)
 
 
 # -- loading -----------------------------------------------------------------------------------------------
+
+def _view2paddle(safeview: List[Tuple[str, Dict[str, Any]]], device: Any) -> Dict[str, paddle.Tensor]:
+    """``deserialize`` output to ``{name: tensor}`` on ``device``; CPU tensors share the memory of their
+    ``data``."""
+    place = _resolve(device)
+    return {name: _ADAPTER.to_device(_ADAPTER.view(v["data"], v["dtype"], tuple(v["shape"])), place) for name, v in safeview}
+
+
+def _np2paddle(numpy_dict: Dict[str, np.ndarray], device: Any = "cpu") -> Dict[str, paddle.Tensor]:
+    """Replaces each array of ``numpy_dict`` by a paddle tensor on ``device`` holding a copy of it, in place
+    (as the reference does); returns the dict."""
+    place = _resolve(device)
+    for name, value in numpy_dict.items():
+        numpy_dict[name] = _ADAPTER.to_device(np.array(value, order="C", copy=True), place)
+    return numpy_dict
+
+
+def _paddle2np(paddle_dict: Dict[str, paddle.Tensor]) -> Dict[str, np.ndarray]:
+    """Replaces each tensor of ``paddle_dict`` by a numpy copy of it (from the CPU), in place (as the reference
+    does); returns the dict."""
+    for name, value in paddle_dict.items():
+        paddle_dict[name] = value.detach().cpu().numpy()
+    return paddle_dict
+
 
 def load(data: bytes, device: Union[str, int, Any] = "cpu") -> Dict[str, paddle.Tensor]:
     """Every tensor of the file in ``data``, on ``device``; CPU tensors own their memory."""

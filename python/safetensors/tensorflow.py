@@ -15,7 +15,7 @@ from ._core import load_file_as, open_bytes, PathLike, SafetensorError, serializ
 # Names the reference's module also offers (other projects import them from here).
 from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
-from .numpy import _Numpy, _flatten
+from .numpy import _Numpy, _flatten_specs
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -70,9 +70,25 @@ def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
     return out
 
 
+def _np2tf(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, tf.Tensor]:
+    """Replaces each array of ``numpy_dict`` by its TensorFlow tensor, in place (as the reference does);
+    returns the dict."""
+    for name, value in numpy_dict.items():
+        numpy_dict[name] = _ADAPTER.to_device(value, None)
+    return numpy_dict
+
+
+def _tf2np(tf_dict: Dict[str, tf.Tensor]) -> Dict[str, np.ndarray]:
+    """Replaces each tensor of ``tf_dict`` by its ``.numpy()`` value, in place (as the reference does; a 0-d
+    tensor gives a numpy scalar); returns the dict."""
+    for name, value in tf_dict.items():
+        tf_dict[name] = value.numpy()
+    return tf_dict
+
+
 def save(tensors: Dict[str, tf.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten(_to_numpy(tensors)), metadata)
+    return serialize_flat(_flatten_specs(_to_numpy(tensors)), metadata)
 
 
 def save_file(
@@ -83,7 +99,7 @@ def save_file(
     fsync: bool = False,
 ) -> None:
     """Writes ``tensors`` to ``filename`` atomically."""
-    serialize_flat_file(_flatten(_to_numpy(tensors)), filename, metadata, fsync)
+    serialize_flat_file(_flatten_specs(_to_numpy(tensors)), filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, tf.Tensor]:

@@ -27,6 +27,14 @@ _CODES: Dict[torch.dtype, str] = {dtype: code for code, dtype in _TYPES.items()}
 #: torch dtype -> bytes per element (float4_e2m1fn_x2 holds two values in one byte).
 _SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in _TYPES.values()}
 
+# The reference's names for the dtypes newer torch versions add (None where this torch lacks one).
+_float8_e4m3fn = getattr(torch, "float8_e4m3fn", None)
+_float8_e4m3fnuz = getattr(torch, "float8_e4m3fnuz", None)
+_float8_e5m2 = getattr(torch, "float8_e5m2", None)
+_float8_e5m2fnuz = getattr(torch, "float8_e5m2fnuz", None)
+_float8_e8m0 = getattr(torch, "float8_e8m0fnu", None)
+_float4_e2m1_x2 = getattr(torch, "float4_e2m1fn_x2", None)
+
 _F4 = _TYPES.get("F4")
 
 try:  # the capsule reader behind torch.from_dlpack, without its per-call argument handling
@@ -251,6 +259,15 @@ class _Torch(Framework):
     def stack(self, tensors: List[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.stack(tensors, axis)
 
+    def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
+        # The reference indexes a torch tensor on the mmap backend (torch's errors) and uses its own indexer
+        # on the pread backend.
+        if reader.file.backend == "mmap":
+            from ._slice_errors import torch_indexing_error
+
+            return torch_indexing_error(index, _torch_shape(code, shape))
+        return super().reference_slice_error(reader, index, code, shape)
+
 
 _ADAPTER = _Torch()
 
@@ -292,31 +309,35 @@ def _is_complete(tensor: torch.Tensor) -> bool:
     return tensor.data_ptr() == storage_ptr(tensor) and tensor.nelement() * tensor.element_size() == storage_size(tensor)
 
 
+def _filter_shared_not_shared(tensors: List[Set[str]], state_dict: Dict[str, torch.Tensor]) -> List[Set[str]]:
+    """Splits each group of names on one storage into runs of overlapping byte ranges, as the reference does:
+    ranges sorted by (start, end, name), a range starting before the end of the range just before it joins
+    that range's group (the end compared is the previous range's own, not the group's furthest)."""
+    out: List[Set[str]] = []
+    for shared in tensors:
+        if len(shared) < 2:
+            out.append(shared)
+            continue
+        spans = sorted((state_dict[n].data_ptr(), _end_ptr(state_dict[n]), n) for n in shared)
+        previous_end = None
+        for start, end, name in spans:
+            if previous_end is not None and start < previous_end:
+                out[-1].add(name)
+            else:
+                out.append({name})
+            previous_end = end
+    return out
+
+
 def _find_shared_tensors(state_dict: Dict[str, torch.Tensor]) -> List[Set[str]]:
-    """Groups of names whose tensors overlap in memory (singletons included), in first-seen order."""
-    by_storage: Dict[Any, List[str]] = defaultdict(list)
-    groups: List[Set[str]] = []
+    """Groups of names whose tensors overlap in memory, singletons included, grouped by (device, storage)
+    in first-seen order. Tensors with no memory (meta, a null or empty storage) are left out entirely."""
+    by_storage: Dict[Any, Set[str]] = defaultdict(set)
     for name, tensor in state_dict.items():
         if tensor.device.type != "meta" and storage_ptr(tensor) != 0 and storage_size(tensor) != 0:
-            by_storage[(tensor.device, storage_ptr(tensor), storage_size(tensor))].append(name)
-        else:
-            groups.append({name})
-    for names in by_storage.values():
-        # Within one storage, tensors share memory only where their byte ranges overlap.
-        spans = sorted(((state_dict[n].data_ptr(), _end_ptr(state_dict[n]), n) for n in names))
-        current: Set[str] = set()
-        current_end = None
-        for start, end, name in spans:
-            if current and start < current_end:
-                current.add(name)
-                current_end = max(current_end, end)
-            else:
-                if current:
-                    groups.append(current)
-                current, current_end = {name}, end
-        if current:
-            groups.append(current)
-    return groups
+            by_storage[(tensor.device, storage_ptr(tensor), storage_size(tensor))].add(name)
+    # sorted() as the reference sorts: sets compare by inclusion, and these are disjoint, so the order stays.
+    return _filter_shared_not_shared(sorted(by_storage.values()), state_dict)
 
 
 def _remove_duplicate_names(
@@ -331,13 +352,12 @@ def _remove_duplicate_names(
     discard = set(discard_names or [])
     to_remove: Dict[str, List[str]] = defaultdict(list)
     for shared in _find_shared_tensors(state_dict):
-        if len(shared) == 1:
-            continue
+        # Singletons too: a lone view of a larger storage has no name covering it (the reference refuses it).
         complete = {name for name in shared if _is_complete(state_dict[name])}
         if not complete:
             raise RuntimeError(
                 "Error while trying to find names to remove to save state dict, but found no suitable name to keep "
-                f"for saving amongst: {shared}. None is covering the entire storage. Refusing to save/load the model "
+                f"for saving amongst: {shared}. None is covering the entire storage.Refusing to save/load the model "
                 "since you could be storing much more memory than needed. Please refer to "
                 "https://huggingface.co/docs/safetensors/torch_shared_tensors for more information. Or open an issue."
             )
@@ -369,6 +389,24 @@ def _tobytes(tensor: torch.Tensor, name: str) -> bytes:
     return ctypes.string_at(tensor.data_ptr(), nbytes)
 
 
+def _to_ndarray(tensor: torch.Tensor) -> Tuple[Any, Any]:
+    """``(array, tensor)``: a numpy uint8 array over the tensor's bytes without a copy (nelement x element
+    size bytes from ``data_ptr``), and the CPU tensor owning them, which the caller keeps alive while the array
+    is used (the array holds no reference). Tensors on other devices are copied to the CPU first. A tensor
+    without memory gives ``(np.empty(0), 0)``."""
+    import numpy as np
+
+    if tensor.device.type != "cpu":
+        tensor = tensor.to("cpu")
+    ptr = tensor.data_ptr()
+    if ptr == 0:
+        return np.empty(0), 0
+    if sys.byteorder == "big":
+        raise SafetensorError("big-endian hosts are not supported")
+    nbytes = tensor.nelement() * _SIZE[tensor.dtype]
+    return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8), tensor
+
+
 def _non_contiguous_message(name: str) -> str:
     return (
         f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you are "
@@ -380,9 +418,9 @@ def _non_contiguous_message(name: str) -> str:
 
 # -- saving ------------------------------------------------------------------------------------------------
 
-def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.Tensor]]:
-    """Checks tensors for saving (in the reference's order) and describes each by address; the second list
-    keeps CPU copies of device tensors alive until the write is done."""
+def _evaluate_tensors_for_save(tensors: Dict[str, torch.Tensor]) -> None:
+    """The checks before saving, in the reference's order: a dict, of tensors, dense, sharing no memory (the
+    contiguity check follows in _flatten, which old torch versions cannot run on sparse tensors)."""
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
     for name, value in tensors.items():
@@ -404,6 +442,12 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
             More information at https://huggingface.co/docs/safetensors/torch_shared_tensors
             """
         )
+
+
+def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.Tensor]]:
+    """Checks tensors for saving (in the reference's order) and describes each by address; the second list
+    keeps CPU copies of device tensors alive until the write is done."""
+    _evaluate_tensors_for_save(tensors)
     for name, value in tensors.items():
         if not value.is_contiguous():
             raise ValueError(_non_contiguous_message(name))
@@ -424,6 +468,17 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
         nbytes = value.nelement() * _SIZE[value.dtype]
         specs.append((name, code, _header_shape(value), value.data_ptr() if nbytes else 0, nbytes))
     return specs, keep_alive
+
+
+def _flatten_as_ptr(tensors: Dict[str, torch.Tensor], keep_alive_buffer: List) -> Dict[str, TensorSpec]:
+    """The reference's form of _flatten: ``{name: TensorSpec}`` for serialize/serialize_file, after the same
+    checks; what keeps the described memory valid is appended to ``keep_alive_buffer``."""
+    specs, keep_alive = _flatten(tensors)
+    keep_alive_buffer.extend(keep_alive)
+    return {
+        name: TensorSpec(dtype=str(tensor.dtype).split(".")[-1], shape=tensor.shape, data_ptr=ptr, data_len=nbytes)
+        for (name, _, _, ptr, nbytes), tensor in zip(specs, keep_alive)
+    }
 
 
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
@@ -447,6 +502,11 @@ def save_file(
 def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *, backend: str = "mmap") -> Dict[str, torch.Tensor]:
     """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
     return load_file_as("pt", filename, device, backend)
+
+
+def _view2torch(safeview: List[Tuple[str, Dict[str, Any]]]) -> Dict[str, torch.Tensor]:
+    """``deserialize`` output to ``{name: CPU tensor}``; each tensor shares the memory of its ``data``."""
+    return {name: _ADAPTER.view(v["data"], v["dtype"], tuple(v["shape"])) for name, v in safeview}
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:

@@ -448,6 +448,140 @@ static void test_sharded(void) {
              SAFETENSORS_NOT_FOUND);
 }
 
+/* Prefetch: a plan of a whole tensor (staged), rows of another (direct) and an empty row range, read through
+   the global slab pool with a counting allocator; a truncated file's error comes back from next(). */
+static size_t slab_allocs = 0, slab_frees = 0;
+static void* counting_alloc(size_t size, void* user) {
+  (void)user;
+  ++slab_allocs;
+  return malloc(size);
+}
+static void counting_free(void* p, size_t size, void* user) {
+  (void)size;
+  (void)user;
+  ++slab_frees;
+  free(p);
+}
+
+static void test_prefetch(void) {
+  enum { kRows = 64, kCols = 300 };
+  static uint8_t a[kRows * kCols], b[kRows * kCols];
+  for (size_t i = 0; i < sizeof a; ++i) {
+    a[i] = (uint8_t)(i * 7 + 1);
+    b[i] = (uint8_t)(i * 13 + 5);
+  }
+  const uint64_t shape[2] = {kRows, kCols};
+  safetensors_tensor_t tensors[2] = {
+      {"a", 1, SAFETENSORS_U8, 2, shape, a, sizeof a},
+      {"b", 1, SAFETENSORS_U8, 2, shape, b, sizeof b},
+  };
+  CHECK_OK(safetensors_save(path_in("pf.safetensors"), tensors, 2, NULL, 0, 0, &err_));
+  CHECK_OK(safetensors_slab_pool_set_allocator(counting_alloc, counting_free, NULL, &err_));
+  CHECK_OK(safetensors_slab_pool_set_slab_bytes(4096, &err_));
+  CHECK_OK(safetensors_slab_pool_set_capacity(3 * 4096, &err_));
+  CHECK_CODE(safetensors_slab_pool_set_capacity(100, &err_), SAFETENSORS_INVALID_ARGUMENT);
+  CHECK_CODE(safetensors_slab_pool_set_allocator(counting_alloc, NULL, NULL, &err_), SAFETENSORS_INVALID_ARGUMENT);
+
+  for (int backend = 0; backend < 2; ++backend) {
+    safetensors_file_t* f = NULL;
+    CHECK_OK(safetensors_open(path_in("pf.safetensors"), backend, &f, &err_));
+    if (f == NULL) return;
+    size_t ia = 0, ib = 0;
+    CHECK_OK(safetensors_file_find(f, "a", 1, &ia, &err_));
+    CHECK_OK(safetensors_file_find(f, "b", 1, &ib, &err_));
+    safetensors_piece_t plan[3];
+    CHECK_OK(safetensors_tensor_piece(f, ia, &plan[0], &err_));
+    CHECK_OK(safetensors_row_piece(f, ib, 10, 40, &plan[1], &err_));
+    CHECK_OK(safetensors_row_piece(f, ib, 5, 5, &plan[2], &err_));
+    CHECK_CODE(safetensors_row_piece(f, ib, 5, 65, &plan[2], &err_), SAFETENSORS_INVALID_SLICE);
+    static uint8_t rows[30 * kCols];
+    memset(rows, 0, sizeof rows);
+    plan[1].delivery = SAFETENSORS_DELIVERY_DIRECT;
+    plan[1].dst = rows;
+    plan[1].dst_len = sizeof rows;
+    static uint8_t staged[sizeof a];
+    memset(staged, 0, sizeof staged);
+
+    safetensors_prefetch_options_t options = {2, 0, 0, 0};
+    safetensors_prefetcher_t* p = NULL;
+    CHECK_OK(safetensors_prefetch_start(f, plan, 3, &options, &p, &err_));
+    safetensors_file_free(f); /* the prefetcher keeps the file open */
+    if (p == NULL) return;
+    int done[3] = {0, 0, 0};
+    for (;;) {
+      safetensors_prefetch_event_t ev;
+      safetensors_error_t* err = NULL;
+      safetensors_code_t code = safetensors_prefetch_next(p, -1, &ev, &err);
+      if (code != SAFETENSORS_OK) fprintf(stderr, "next: %s\n", safetensors_error_message(err));
+      safetensors_error_free(err);
+      CHECK(code == SAFETENSORS_OK);
+      if (code != SAFETENSORS_OK || ev.kind == SAFETENSORS_EVENT_END) break;
+      CHECK(ev.piece < 3);
+      if (ev.kind == SAFETENSORS_EVENT_STAGED) {
+        CHECK(ev.offset + ev.size <= plan[ev.piece].end - plan[ev.piece].begin);
+        CHECK(ev.size == 0 || ((const char*)ev.data >= (const char*)ev.slab_data &&
+                               (const char*)ev.data + ev.size <= (const char*)ev.slab_data + 4096));
+        if (ev.piece == 0 && ev.size) memcpy(staged + ev.offset, ev.data, ev.size);
+        CHECK_OK(safetensors_prefetch_release(p, ev.slab, &err_));
+      }
+      if (ev.piece_done) ++done[ev.piece];
+    }
+    CHECK(done[0] == 1 && done[1] == 1 && done[2] == 1);
+    CHECK(memcmp(staged, a, sizeof a) == 0);
+    CHECK(memcmp(rows, b + 10 * kCols, sizeof rows) == 0);
+    CHECK_OK(safetensors_prefetch_wait_piece(p, 1, &err_));
+    CHECK_CODE(safetensors_prefetch_wait_piece(p, 0, &err_), SAFETENSORS_INVALID_ARGUMENT);
+    CHECK_CODE(safetensors_prefetch_release(p, 99, &err_), SAFETENSORS_INVALID_ARGUMENT);
+    safetensors_prefetch_stats_t st;
+    safetensors_prefetch_stats(p, &st);
+    CHECK(st.bytes_read == sizeof a + sizeof rows);
+    CHECK(st.bytes_staged == sizeof a && st.bytes_direct == sizeof rows);
+    CHECK(st.events_lent == 0);
+    safetensors_slab_pool_stats_t ps;
+    safetensors_slab_pool_stats(&ps);
+    CHECK(ps.peak_bytes <= ps.capacity && ps.capacity == 3 * 4096);
+    safetensors_prefetch_free(p);
+    safetensors_slab_pool_stats(&ps);
+    CHECK(ps.allocated_bytes == 0 && ps.slabs_in_use == 0);
+  }
+  CHECK(slab_allocs > 0 && slab_allocs == slab_frees);
+
+  /* A file cut short after it was opened: next() reports SAFETENSORS_IO naming the file and a tensor. */
+  {
+    safetensors_file_t* f = NULL;
+    CHECK_OK(safetensors_open(path_in("pf.safetensors"), SAFETENSORS_BACKEND_MMAP, &f, &err_));
+    if (f == NULL) return;
+    CHECK(truncate(path_in("pf.safetensors"), (off_t)(safetensors_file_data_offset(f) + 100)) == 0);
+    safetensors_piece_t plan[2];
+    CHECK_OK(safetensors_tensor_piece(f, 0, &plan[0], &err_));
+    CHECK_OK(safetensors_tensor_piece(f, 1, &plan[1], &err_));
+    safetensors_prefetcher_t* p = NULL;
+    CHECK_OK(safetensors_prefetch_start(f, plan, 2, NULL, &p, &err_));
+    safetensors_file_free(f);
+    if (p == NULL) return;
+    safetensors_error_t* err = NULL;
+    safetensors_code_t code = SAFETENSORS_OK;
+    for (int k = 0; k < 100 && code == SAFETENSORS_OK; ++k) {
+      safetensors_prefetch_event_t ev;
+      code = safetensors_prefetch_next(p, 5000, &ev, &err);
+      if (code == SAFETENSORS_OK && ev.kind == SAFETENSORS_EVENT_STAGED) {
+        CHECK_OK(safetensors_prefetch_release(p, ev.slab, &err_));
+      }
+      if (code == SAFETENSORS_OK) CHECK(ev.kind == SAFETENSORS_EVENT_STAGED);
+    }
+    CHECK(code == SAFETENSORS_IO);
+    if (err != NULL) {
+      size_t len = 0;
+      CHECK(strstr(safetensors_error_context(err, &len), "pf.safetensors") != NULL);
+      CHECK(safetensors_error_tensor(err, &len)[0] != '\0' && len == 1);
+    }
+    safetensors_error_free(err);
+    safetensors_prefetch_cancel(p);
+    safetensors_prefetch_free(p);
+  }
+  CHECK_OK(safetensors_slab_pool_set_allocator(NULL, NULL, NULL, &err_));
+}
+
 static void remove_dir(void) {
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -467,6 +601,7 @@ int main(void) {
   test_errors();
   test_dtypes_and_names();
   test_sharded();
+  test_prefetch();
   remove_dir();
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);

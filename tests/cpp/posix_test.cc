@@ -47,11 +47,18 @@ TEST(PosixTest, ReadsAndWritesRetryOnEintrAndShortTransfers) {
 }
 
 TEST(PosixTest, ErrnoMapping) {
-  EXPECT_EQ(internal::errno_error("p", "open", ENOENT).kind(), Error::Kind::kNotFound);
+  Error missing = internal::errno_error("p", "open", ENOENT);
+  EXPECT_EQ(missing.kind(), Error::Kind::kNotFound);
+  EXPECT_EQ(missing.sys_errno(), ENOENT);
   Error e = internal::errno_error("p", "read", EACCES);
   EXPECT_EQ(e.kind(), Error::Kind::kIo);
-  EXPECT_EQ(e.message(), "I/O error: read: Permission denied");
-  EXPECT_EQ(e.to_string(), "I/O error: read: Permission denied (IoError) in \"p\"");
+  EXPECT_EQ(e.sys_errno(), EACCES);
+  // The reference's text ("I/O error: <strerror> (os error N)"), then what was being done.
+  EXPECT_EQ(e.message(), "I/O error: Permission denied (os error 13) during read");
+  EXPECT_EQ(e.to_string(), "I/O error: Permission denied (os error 13) during read (IoError) in \"p\"");
+  Error changed = Error::io("p", "file is shorter than expected");
+  EXPECT_EQ(changed.sys_errno(), 0);
+  EXPECT_EQ(changed.message(), "I/O error: file is shorter than expected");
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "safetensors/error.h"
@@ -62,10 +65,14 @@ inline std::string raw_file(std::string_view header, std::string_view data = {},
 // A directory removed (recursively) when the object dies.
 class TempDir {
  public:
+  // mkdtemp creates the directory atomically under a name no other directory has: no two tests (ctest -j,
+  // gtest shards) can ever share one, which a random name plus create_directories could not promise.
   TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() / ("st_test_" + std::to_string(rd()) + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
+    std::string name = (std::filesystem::temp_directory_path() / "st_test_XXXXXX").string();
+    if (::mkdtemp(name.data()) == nullptr) {
+      throw std::system_error(errno, std::generic_category(), "mkdtemp(" + name + ")");
+    }
+    path_ = name;
   }
   ~TempDir() {
     std::error_code ec;

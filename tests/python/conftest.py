@@ -11,6 +11,56 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles. `ci` (chosen when the environment sets CI, as CI runs scripts/test.sh) is derandomized:
+# every run draws the same examples (from a seed derived from each test), keeps no example database, never
+# fails on a timing deadline or a too-slow health check, and prints the reproduction blob of any failure.
+# `dev` (everywhere else) keeps searching new random examples and remembers failures in .hypothesis/.
+# max_examples is Hypothesis's default of 100, what every test without its own @settings uses today; tests
+# that set max_examples themselves (test_differential.py, test_slicing.py) keep their own count in both.
+# HYPOTHESIS_PROFILE=ci|dev picks one explicitly. Both start from Hypothesis's own defaults, not from
+# whatever profile Hypothesis loaded at import (it loads a built-in `ci` when CI is in the environment).
+_DEFAULTS = settings.get_profile("default")
+settings.register_profile(
+    "ci",
+    parent=_DEFAULTS,
+    derandomize=True,
+    max_examples=100,
+    deadline=None,
+    print_blob=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", parent=_DEFAULTS, derandomize=False, max_examples=100, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+TEST_SEED = 0
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_generators() -> None:
+    """Seeds the global random generators before every test, so values a test draws without its own generator
+    (torch.randn, a module's random initialisation, np.random.*, random.*) are the same on every run and do not
+    depend on which tests ran before. Only frameworks the test modules already imported are seeded."""
+    import random
+
+    random.seed(TEST_SEED)
+    seeders = {
+        "numpy": lambda m: m.random.seed(TEST_SEED),
+        "torch": lambda m: m.manual_seed(TEST_SEED),
+        "paddle": lambda m: m.seed(TEST_SEED),
+        "tensorflow": lambda m: m.random.set_seed(TEST_SEED),
+        "mlx.core": lambda m: m.random.seed(TEST_SEED),
+    }
+    for name, seed in seeders.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                seed(module)
+            except AttributeError:  # a module that is only partly importable here (a stub, a failed import)
+                pass
+
 
 REFERENCE_PATH = os.environ.get("SAFETENSORS_REFERENCE_PATH", str(Path(__file__).resolve().parents[2] / ".ref"))
 

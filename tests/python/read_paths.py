@@ -5,7 +5,8 @@
 FILE holds the tensors of ``tensors()``. Every handle is opened first; then, with --truncate, PATH (FILE
 itself, or the file behind it on a FUSE mount) is cut to N bytes: a file that shrank after it was opened;
 then each path reads. The last line of stdout is
-a JSON list of ``{"path", "ok", "correct"}`` or ``{"path", "ok": false, "type", "message"}``. Before each
+a JSON list of ``{"path", "ok", "correct"}`` or ``{"path", "ok": false, "type", "message", "oserror",
+"errno"}``. Before each
 path its name goes to stderr, so a parent that sees this process die (SIGBUS) or hang knows where.
 
 The zero-copy paths of the mmap backend (CPU tensors that are views of the mapping) are left out: they
@@ -168,7 +169,8 @@ def main() -> None:
         try:
             results.append({"path": name, "ok": True, "correct": bool(read())})
         except Exception as e:  # noqa: BLE001 -- every outcome is reported
-            results.append({"path": name, "ok": False, "type": type(e).__name__, "message": str(e)})
+            results.append({"path": name, "ok": False, "type": type(e).__name__, "message": str(e),
+                            "oserror": isinstance(e, OSError), "errno": getattr(e, "errno", None)})
     print("start cli verify", file=sys.stderr, flush=True)
     results.append(cli_verify(filename))
     print(json.dumps(results))

@@ -322,14 +322,26 @@ def _progress_during(call) -> int:
     return sum(window["start"] < t < window["end"] for t in stamps)
 
 
+def _progress_in_one_of(call, attempts: int = 20) -> int:
+    """The most main-thread progress during `call`, over up to `attempts` runs (stopping at the first with more
+    than 10 iterations). Released, the GIL gives tens of thousands in one 50-150 ms call; a busy machine can
+    still keep the main thread off the CPU for one whole call, but not for 20. Held, every run gives 0."""
+    best = 0
+    for _ in range(attempts):
+        best = max(best, _progress_during(call))
+        if best > 10:
+            break
+    return best
+
+
 def test_gil_released_during_reads_and_writes(tmp_path):
     big = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB
     path = tmp_path / "big.safetensors"
     save_file({"w": big}, path)
     with safe_open(path, "np", backend="pread") as f:
-        assert _progress_during(lambda: [f.get_tensor("w") for _ in range(4)]) > 10
-    assert _progress_during(lambda: save_file({"w": big}, path)) > 10
-    assert _progress_during(lambda: save({"w": big})) > 10
+        assert _progress_in_one_of(lambda: [f.get_tensor("w") for _ in range(4)]) > 10
+    assert _progress_in_one_of(lambda: save_file({"w": big}, path)) > 10
+    assert _progress_in_one_of(lambda: save({"w": big})) > 10
 
 
 def test_version():

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,11 @@ def test_simulator_in_a_child_process():
 
 
 def random_tensor(dtype: torch.dtype, rows: int = 4, cols: int = 6) -> torch.Tensor:
-    """Random bit patterns (NaNs and infinities included) viewed as ``dtype``; bools are 0 or 1."""
+    """Random bit patterns (NaNs and infinities included) viewed as ``dtype``; bools are 0 or 1. Seeded by the
+    dtype: the same bits on every run."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (rows, cols * itemsize), dtype=torch.uint8)
+    g = torch.Generator().manual_seed(zlib.crc32(str(dtype).encode()))
+    raw = torch.randint(0, 256, (rows, cols * itemsize), dtype=torch.uint8, generator=g)
     if dtype == torch.bool:
         return (raw % 2).bool()
     return raw.view(dtype)
@@ -185,6 +188,7 @@ def test_copy_stats_count_each_requested_copy():
     assert stats["d2h"] == {"count": 1, "bytes": 32}
     assert stats["non_blocking"] == 1
     assert stats["fallback"] == {"count": 0, "bytes": 0}
+    assert stats["async"] == {"count": 0, "bytes": 0, "max_depth": 0}  # pageable sources are copied at once
     npu_sim.reset_copy_stats()
     assert npu_sim.copy_stats()["h2d"] == {"count": 0, "bytes": 0}
 
@@ -313,8 +317,8 @@ def test_pinned_host_memory_comes_from_the_backend():
     assert not source.is_pinned()
     staged = source.pin_memory()
     assert staged.is_pinned() and torch.equal(staged, source) and staged.data_ptr() != source.data_ptr()
-    on_device = staged.to("npu:1", non_blocking=True)
-    torch.npu.synchronize()
+    on_device = staged.to("npu:1", non_blocking=True)  # queued on npu:1 (see test_npu_async.py)
+    torch.npu.synchronize("npu:1")
     assert torch.equal(on_device.cpu(), source)
     del pinned, staged
     assert npu_sim.pinned_bytes_allocated() == before
@@ -324,7 +328,7 @@ def test_pinned_host_memory_comes_from_the_backend():
 
 # ---- streams, events, other ops ----
 
-def test_streams_and_events_are_synchronous_no_ops():
+def test_streams_and_events_with_nothing_queued_are_complete():
     torch.npu.synchronize()
     torch.npu.synchronize("npu:1")
     stream = torch.npu.Stream(1)

@@ -69,7 +69,7 @@ def numpy_result(array, index):
         return None, e
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=cases())
 def test_matches_numpy_on_every_framework_and_backend(files, case):
     shape, index = case
@@ -91,24 +91,34 @@ def test_matches_numpy_on_every_framework_and_backend(files, case):
                 np.testing.assert_array_equal(got, expected)
 
 
-def test_error_texts_follow_numpy(tmp_path):
+def test_refusals_use_the_references_words_and_keep_ours_as_the_cause(tmp_path):
+    # Where the reference refuses the same index, str(e) is its text (test_slice_errors_differential.py
+    # compares a whole matrix); our own numpy-style text, naming the tensor and the file, is the cause.
     save_file({"t": np.zeros((2, 3), np.float32)}, tmp_path / "t.safetensors")
     with safe_open(tmp_path / "t.safetensors", "np") as f:
         sl = f.get_slice("t")
-        with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 2"):
+        with pytest.raises(IndexError) as info:
             sl[5]
-        with pytest.raises(ValueError, match="slice step cannot be zero"):
+        assert str(info.value) == (
+            "Error during slicing [5] with shape [2, 3]: index 5 out of bounds for tensor dimension #0 of size 2"
+        )
+        assert "index 5 is out of bounds for axis 0 with size 2" in str(info.value.__cause__)
+        assert "`t`" in str(info.value.__cause__) and "t.safetensors" in str(info.value.__cause__)
+        with pytest.raises(ValueError, match="^Slice step must be a positive integer, got 0$"):
             sl[::0]
-        with pytest.raises(IndexError, match="too many indices for tensor: tensor is 2-dimensional, but 3 were indexed"):
+        with pytest.raises(IndexError, match=r"^Error during slicing \[0, 0, 0\] with shape \[2, 3\]: more slicing"):
             sl[0, 0, 0]
-        with pytest.raises(SafetensorError, match=r"an index can only have a single ellipsis \('...'\)"):
+        with pytest.raises(SafetensorError, match=r"^Only one ellipsis \(...\) is allowed in slice index$"):
             sl[..., ...]
-        with pytest.raises(SafetensorSliceError, match="got float"):
+        with pytest.raises(SafetensorSliceError, match="^Unsupported slice index at position 0"):
             sl[1.5]
-        with pytest.raises(SafetensorSliceError, match="got str"):
+        with pytest.raises(SafetensorSliceError, match="^Unsupported slice index at position 0"):
             sl["a"]
-        with pytest.raises(SafetensorSliceError, match="only one integer-list"):
+        # Two integer lists: the reference refuses any list inside a tuple.
+        with pytest.raises(SafetensorSliceError, match="^Unsupported slice index at position 0"):
             sl[[0], [0]]
+        with pytest.raises(SafetensorSliceError, match="^Invalid index -3 for dimension 0 of size 2$"):
+            sl[-3]
 
 
 def test_slices_read_only_what_they_return(tmp_path):

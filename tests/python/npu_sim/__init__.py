@@ -9,6 +9,15 @@ separately from CPU memory (``device_of``, ``bytes_allocated``) and every copy c
 Device memory is filled with POISON_BYTE when allocated, and (by default) the host cannot touch it outside the
 backend's own kernels: reading an npu tensor through its data_ptr() crashes, as on a real NPU.
 
+Copies are asynchronous where a real device's are: ``x.to("npu:N", non_blocking=True)`` (or ``copy_``) from
+pinned host memory is queued on device N's one stream and runs later, on a worker thread, after a delay
+(``set_copy_delay_us``, env NPU_SIM_COPY_DELAY_US, default 2000 us per copy), reading the pinned bytes only
+then -- so overwriting a pinned buffer before the device copied out of it puts the new bytes on the device.
+Everything else that touches a device's memory waits for its queue first (single-stream order), and
+``torch.npu.synchronize``, streams and events wait on and report the queue. ``pause_queue``/``resume_queue``
+hold a device's queue so tests can decide deterministically what has run; waiting on a paused queue raises
+RuntimeError instead of hanging. NPU_SIM_ASYNC=0 (or ``set_async_copies(False)``) makes every copy synchronous.
+
 Process-wide and irreversible, like importing torch_npu: once installed, ``torch.accelerator`` reports ``npu``
 and an integer device (``device=0``) means ``npu:0`` for the rest of the process. A test module that must not
 change the process it is collected in can run itself in a child pytest: see ``may_install_here`` and
@@ -38,6 +47,8 @@ __all__ = [
     "install", "installed", "num_devices", "protects_device_memory", "supports_pinned_memory",
     "device_of", "bytes_allocated", "memory_stats", "pinned_bytes_allocated",
     "copy_stats", "fallback_ops", "reset_copy_stats",
+    "synchronize", "set_copy_delay_us", "copy_delay_us", "copy_delay", "set_async_copies", "async_copies",
+    "pause_queue", "resume_queue", "queue_paused", "queue_depth",
     "may_install_here", "run_pytest_child", "IN_PROCESS_ENV", "POISON_BYTE", "BUILD_DIR", "build_seconds",
 ]
 
@@ -171,13 +182,17 @@ def copy_stats() -> dict:
     """Copies between host and simulated devices since the last reset: ``h2d``, ``d2h``, ``d2d`` -- the copies
     the code asked for (``.to``, ``.cpu``, ``copy_``) -- and ``fallback`` -- those the CPU fallback made to run
     an op that has no simulated kernel -- each ``{"count", "bytes"}`` (bytes written to the destination), plus
-    ``non_blocking``: how many of the asked-for copies were requested non-blocking."""
+    ``non_blocking``: how many of the asked-for copies were requested non-blocking, and ``async``: the copies
+    that went through a device queue (pinned host to device, non-blocking) -- ``count`` and ``bytes`` of those
+    that have run so far, and ``max_depth``, the most copies pending on one queue at once (the running one
+    included). The h2d/d2h/d2d counts include queued copies from the moment they are issued."""
     _require()
     values = [int(v) for v in torch.ops.npu_sim.copy_stats()]
     stats: dict = {}
     for i, direction in enumerate(("h2d", "d2h", "d2d", "fallback")):
         stats[direction] = {"count": values[2 * i], "bytes": values[2 * i + 1]}
     stats["non_blocking"] = values[8]
+    stats["async"] = {"count": values[9], "bytes": values[10], "max_depth": values[11]}
     return stats
 
 
@@ -190,9 +205,97 @@ def fallback_ops() -> dict:
 
 
 def reset_copy_stats() -> None:
-    """Zeroes copy_stats() and fallback_ops()."""
+    """Zeroes copy_stats() (the async counters included) and fallback_ops()."""
     _require()
     torch.ops.npu_sim.reset_copy_stats()
+
+
+def _queue_index(index: int) -> int:
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < num_devices():
+        raise ValueError(f"no simulated npu device {index!r}: there are {num_devices()}")
+    return index
+
+
+def synchronize(index: Optional[int] = None) -> None:
+    """Waits until every copy queued on device ``index`` (every device when None) has run. RuntimeError if a
+    queue with copies pending is paused, or if a queued copy failed."""
+    _require()
+    torch.ops.npu_sim.synchronize(-1 if index is None else _queue_index(index))
+
+
+def set_copy_delay_us(delay: int) -> None:
+    """Sets how long (microseconds) each queued copy waits before it runs, from the next copy the queue starts."""
+    _require()
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        raise ValueError(f"the copy delay must be an int >= 0 (microseconds), got {delay!r}")
+    torch.ops.npu_sim.set_copy_delay_us(delay)
+
+
+def copy_delay_us() -> int:
+    """The delay of each queued copy, in microseconds."""
+    _require()
+    return int(torch.ops.npu_sim.copy_delay_us())
+
+
+class copy_delay:
+    """Context manager: ``with npu_sim.copy_delay(200_000): ...`` sets the delay, restores it on exit."""
+
+    def __init__(self, delay_us: int) -> None:
+        self.delay_us = delay_us
+        self.previous: Optional[int] = None
+
+    def __enter__(self) -> None:
+        self.previous = copy_delay_us()
+        set_copy_delay_us(self.delay_us)
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.previous is not None
+        set_copy_delay_us(self.previous)
+
+
+def set_async_copies(enabled: bool) -> None:
+    """False: every copy, non-blocking ones from pinned memory included, runs synchronously (copies queued
+    before still run in order). True (the default unless NPU_SIM_ASYNC=0): queued as on a device."""
+    _require()
+    torch.ops.npu_sim.set_async_copies(bool(enabled))
+
+
+def async_copies() -> bool:
+    _require()
+    return bool(torch.ops.npu_sim.async_copies())
+
+
+def pause_queue(index: int) -> None:
+    """Holds device ``index``'s copy queue: copies queued from now on (and any not started yet) wait until
+    ``resume_queue``. Anything that must wait for them meanwhile (a blocking copy to or from the device,
+    ``synchronize``, an event's synchronize) raises RuntimeError rather than hang; freeing memory does not wait."""
+    _require()
+    torch.ops.npu_sim.pause_queue(_queue_index(index))
+
+
+def resume_queue(index: int) -> None:
+    """Lets device ``index``'s copy queue run again."""
+    _require()
+    torch.ops.npu_sim.resume_queue(_queue_index(index))
+
+
+class queue_paused:
+    """Context manager: ``with npu_sim.queue_paused(0): ...`` pauses device 0's queue, resumes it on exit."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __enter__(self) -> None:
+        pause_queue(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        resume_queue(self.index)
+
+
+def queue_depth(index: int) -> int:
+    """Copies queued on device ``index`` that have not finished (the running one included)."""
+    _require()
+    return int(torch.ops.npu_sim.queue_depth(_queue_index(index)))
 
 
 def supports_pinned_memory() -> bool:

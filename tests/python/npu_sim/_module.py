@@ -1,6 +1,8 @@
 """The ``torch.npu`` module of the simulated NPU: the subset of torch_npu's ``torch.npu`` that loaders use.
 
-Everything is synchronous, so synchronize() and the streams and events are no-ops that report completion.
+Each simulated device has one stream: its copy queue (see npu_sim/__init__.py). ``synchronize`` drains a
+device's queue; ``Stream`` and ``Event`` are torch.Stream / torch.Event, whose query, synchronize, record and
+wait go to the backend's device guard, i.e. to that queue. Every stream of a device is the same queue.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def set_device(device: Any) -> None:
 
 
 def synchronize(device: Any = None) -> None:
-    _index(device)  # validates the argument like the real module
+    """Waits until every copy queued on ``device`` (the current device when None) has run, as
+    torch.npu.synchronize waits for the device's streams."""
+    _ops().synchronize(_index(device))
 
 
 def get_device_name(device: Any = None) -> str:
@@ -115,14 +119,16 @@ class device:
 
 
 class Stream(torch.Stream):
-    """A torch.Stream on a simulated device; always complete."""
+    """A torch.Stream on a simulated device: its device's copy queue (query, synchronize, wait_event)."""
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
         return super().__new__(cls, device=torch.device(_NAME, _index(device)), priority=priority)
 
 
 class Event(torch.Event):
-    """A torch.Event for the simulated devices; always complete. elapsed_time measures host time."""
+    """A torch.Event for the simulated devices: record() marks the recording stream's device queue at its last
+    queued copy; query() is True once the queue has run that far, synchronize() waits for it, and
+    Stream.wait_event() of another device waits for it. elapsed_time measures host time between the records."""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
         event = super().__new__(cls, device=torch.device(_NAME, current_device()), enable_timing=enable_timing,

@@ -6,14 +6,25 @@
 //     zeroed), each recorded in a registry under the device that was current when it was allocated, and
 //     closed to the host (PROT_NONE) except while this backend's own kernels copy or fill it;
 //   - a device guard (current device per thread, like CUDA/ACL; device count set by npu_sim::configure),
-//     with no-op streams and events;
+//     whose streams and events follow each device's copy queue (below);
 //   - PrivateUse1 hooks: availability, device-from-pointer, and a host-pinned allocator (pin_memory());
 //   - kernels: empty / empty_strided (allocate on the requested device), _copy_from (every direction,
 //     counted), fill_/zero_, resize_, set_ and the aten view ops that have no composite kernel; every other
 //     aten op falls back to the CPU kernel (at::native::cpu_fallback: inputs copied to the CPU, outputs and
 //     mutated inputs copied back), and is counted by name;
 //   - npu_sim::* ops that Python uses for configuration and bookkeeping.
-// Nothing here is fast or asynchronous: a non_blocking copy is a synchronous memcpy.
+//
+// Asynchrony, as on a real device with one stream per device: a host-to-device copy asked for non_blocking
+// from pinned host memory (outside the CPU fallback) is only enqueued on the destination device's queue. One
+// worker thread per device (started on first use) runs the queue in FIFO order, each copy after a delay
+// (NPU_SIM_COPY_DELAY_US, set_copy_delay_us; default 2000 us), reading the source bytes when it runs, not when
+// it was issued: a loader that overwrites a pinned buffer before the device copied out of it gets the new
+// bytes on the device, as it would on an NPU. Every other operation on a device's memory (blocking copies in
+// any direction, device-to-host copies, fill_/zero_, resize, the CPU fallback, freeing device memory) first
+// waits until that device's queue is drained, so a single stream's ordering holds. Events record the queue's
+// position; queryEvent/synchronizeEvent/block and the stream and device synchronizations wait on it. A queue
+// can be paused (pause_queue) so that tests decide deterministically what has run; waiting on a paused queue
+// is an error rather than a hang. Pageable non_blocking copies stay synchronous, as on CUDA.
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
@@ -34,14 +45,19 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <mutex>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace npu_sim {
@@ -177,6 +193,207 @@ class HostAccess {
   void* base_;
 };
 
+// ---- the per-device copy queues (one simulated stream per device) ----
+std::atomic<int64_t> g_copy_delay_us{2000};  // how long each queued copy waits before it runs
+std::atomic<bool> g_async_enabled{true};     // false: every copy is synchronous, as before
+std::atomic<int64_t> g_async_copies{0};      // queued copies that have run
+std::atomic<int64_t> g_async_bytes{0};       // bytes they wrote
+std::atomic<int64_t> g_max_queue_depth{0};   // most copies pending on one queue at once (the one running included)
+thread_local bool t_is_worker = false;
+
+// A CPU tensor over the bytes of `t` (no copy, no ownership) with its sizes, strides, conj and neg bits.
+at::Tensor alias_of(const at::Tensor& t, at::ScalarType dtype) {
+  at::Tensor alias = at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
+                                   at::TensorOptions().dtype(dtype).device(c10::DeviceType::CPU));
+  alias._set_conj(t.is_conj());
+  alias._set_neg(t.is_neg());
+  return alias;
+}
+
+// A host-to-device copy waiting on a device queue. The aliases were made when the copy was issued (later
+// changes to the tensors' metadata do not move it); the storages keep both sides' memory alive until it ran.
+struct CopyJob {
+  c10::Storage dst_storage;
+  c10::Storage src_storage;
+  at::Tensor dst;  // alias of the device bytes
+  at::Tensor src;  // alias of the pinned host bytes
+  int64_t bytes = 0;
+  int64_t seq = 0;
+};
+
+void run_copy(const CopyJob& job) {
+  const HostAccess dst_access(job.dst.data_ptr());
+  const at::Tensor& dst = job.dst;
+  const at::Tensor& src = job.src;
+  const bool plain = dst.scalar_type() == src.scalar_type() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+                     src.is_contiguous() && !dst.is_conj() && !src.is_conj() && !dst.is_neg() && !src.is_neg();
+  if (plain) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(job.bytes));
+  } else {
+    dst.copy_(src);
+  }
+}
+
+class CopyQueue {
+ public:
+  explicit CopyQueue(int index) : index_(index) {}
+
+  // Appends the job; returns its sequence number (1, 2, ...). Starts the worker on first use.
+  int64_t enqueue(CopyJob job) {
+    std::vector<CopyJob> finished;  // destroyed after the lock is released (may free memory)
+    int64_t seq = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!started_) {
+        std::thread(&CopyQueue::work, this).detach();
+        started_ = true;
+      }
+      seq = job.seq = ++enqueued_;
+      jobs_.push_back(std::move(job));
+      const int64_t depth = enqueued_ - completed_;
+      int64_t seen = g_max_queue_depth.load();
+      while (depth > seen && !g_max_queue_depth.compare_exchange_weak(seen, depth)) {
+      }
+      finished.swap(finished_);
+    }
+    work_cv_.notify_one();
+    return seq;
+  }
+
+  // The sequence number of the last job enqueued (0 before the first): what an event records.
+  int64_t position() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enqueued_;
+  }
+
+  bool reached(int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_ >= seq;
+  }
+
+  int64_t pending() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enqueued_ - completed_;
+  }
+
+  // Waits until job `seq` (every job enqueued so far when seq < 0) has run, then reports a copy that failed.
+  // A paused queue would never get there: that is an error (a quiet wait just returns).
+  void wait(int64_t seq, bool quiet) {
+    std::vector<CopyJob> finished;
+    std::string error;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (seq < 0) seq = enqueued_;
+      done_cv_.wait(lock, [&] { return completed_ >= seq || paused_; });
+      if (completed_ < seq) {
+        if (quiet) return;
+        lock.unlock();
+        TORCH_CHECK(false, "npu_sim: waiting for the copy queue of npu:", index_, ", which is paused with ",
+                    pending(), " copy(ies) pending: resume_queue(", index_, ") first (waiting would hang)");
+      }
+      finished.swap(finished_);
+      if (!quiet) error.swap(error_);
+    }
+    finished.clear();
+    TORCH_CHECK(error.empty(), "npu_sim: an asynchronous copy on npu:", index_, " failed: ", error);
+  }
+
+  // Drops the finished jobs' hold on their memory.
+  void collect() {
+    std::vector<CopyJob> finished;
+    std::lock_guard<std::mutex> lock(mu_);
+    finished.swap(finished_);
+    // `finished` is destroyed after `lock` (declared first): outside the mutex
+  }
+
+  void set_paused(bool paused) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      paused_ = paused;
+    }
+    work_cv_.notify_all();
+    done_cv_.notify_all();  // waiters on a queue now paused give up instead of hanging
+  }
+
+ private:
+  // The worker: runs the jobs in order. It never drops the last reference to a storage (finished jobs are
+  // released by the threads that wait or enqueue), since that may need the GIL or wait on this queue.
+  void work() {
+    t_is_worker = true;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return !jobs_.empty() && !paused_; });
+      CopyJob job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      const int64_t delay = g_copy_delay_us.load();
+      if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      std::string error;
+      try {
+        run_copy(job);
+        g_async_copies += 1;
+        g_async_bytes += job.bytes;
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      job.dst = at::Tensor();  // the aliases own nothing
+      job.src = at::Tensor();
+      lock.lock();
+      completed_ = job.seq;
+      if (!error.empty() && error_.empty()) error_ = error;
+      finished_.push_back(std::move(job));
+      done_cv_.notify_all();
+    }
+  }
+
+  const int index_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::deque<CopyJob> jobs_;
+  std::vector<CopyJob> finished_;
+  std::string error_;
+  int64_t enqueued_ = 0;
+  int64_t completed_ = 0;
+  bool paused_ = false;
+  bool started_ = false;
+};
+
+std::array<CopyQueue*, kMaxDevices> g_queues = [] {
+  std::array<CopyQueue*, kMaxDevices> queues{};
+  for (int i = 0; i < kMaxDevices; ++i) queues[i] = new CopyQueue(i);  // never destroyed, like the registry
+  return queues;
+}();
+
+// A forked child has no worker threads (and maybe a mutex held by one): it starts with fresh, empty queues.
+const bool g_atfork_registered = [] {
+  pthread_atfork(nullptr, nullptr, [] {
+    for (int i = 0; i < kMaxDevices; ++i) g_queues[i] = new CopyQueue(i);
+  });
+  return true;
+}();
+
+CopyQueue& queue(int index) {
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "npu_sim: invalid device ordinal ", index);
+  return *g_queues[index];
+}
+
+// Waits until every copy queued on device `index` has run.
+void drain(int index) { queue(index).wait(-1, false); }
+
+void drain_device_of(const at::Tensor& t) {
+  if (t.defined() && t.device().type() == kNpu && t.device().index() >= 0) drain(t.device().index());
+}
+
+// For paths that may not throw (freeing memory): skips a paused queue, and the worker never waits on itself.
+void drain_quietly(int index) noexcept {
+  if (t_is_worker || index < 0 || index >= kMaxDevices) return;
+  try {
+    queue(index).wait(-1, true);
+  } catch (...) {
+  }
+}
+
 void* allocate_device_block(size_t size, int slot) {
   const size_t mapped = (size + kPageSize - 1) / kPageSize * kPageSize;
   void* ptr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -188,6 +405,7 @@ void* allocate_device_block(size_t size, int slot) {
 }
 
 void free_device_block(void* ptr) {
+  drain_quietly(registry().slot_of(ptr));  // the device is done with everything queued before the free
   const size_t mapped = registry().remove(ptr);
   munmap(ptr, mapped);
 }
@@ -217,6 +435,10 @@ struct DeviceAllocator final : c10::Allocator {
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_device_block; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
+    for (const void* ptr : {static_cast<const void*>(dest), src}) {
+      const int slot = registry().slot_of(ptr);
+      if (slot >= 0 && slot < kMaxDevices) drain(slot);
+    }
     const HostAccess dest_access(dest);
     const HostAccess src_access(src);
     std::memcpy(dest, src, count);
@@ -242,6 +464,18 @@ PinnedAllocator g_pinned_allocator;
 REGISTER_ALLOCATOR(kNpu, &g_device_allocator);
 
 std::atomic<int64_t> g_stream_ids{0};
+
+// What a recorded event points at: a position in a device's copy queue.
+struct SimEvent {
+  c10::DeviceIndex device = -1;
+  int64_t seq = 0;
+};
+
+c10::DeviceIndex stream_index(const c10::Stream& stream) {
+  const c10::DeviceIndex index = stream.device_index() < 0 ? t_current_device : stream.device_index();
+  check_index(index);
+  return index;
+}
 
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kNpu; }
@@ -276,16 +510,47 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(g_device_count.load());
   }
-  // Everything is synchronous, so events and streams are always complete.
-  void record(void** /*event*/, const c10::Stream& /*stream*/, const c10::DeviceIndex /*device_index*/,
-              const c10::EventFlag /*flag*/) const override {}
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override { return true; }
-  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/) const noexcept override {}
-  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
-  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
-  void synchronizeEvent(void* /*event*/) const override {}
-  void synchronizeDevice(const c10::DeviceIndex /*device_index*/) const override {}
+  // Every stream of a device is that device's one copy queue. An event records the queue's position (the
+  // last copy enqueued so far) and is complete once the queue has run that far.
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag /*flag*/) const override {
+    const c10::DeviceIndex index = stream_index(stream);
+    TORCH_CHECK(device_index == -1 || device_index == index, "npu_sim: event device index ",
+                static_cast<int>(device_index), " does not match recording stream's device index ",
+                static_cast<int>(index));
+    auto* sim_event = static_cast<SimEvent*>(*event);
+    if (sim_event == nullptr) {
+      sim_event = new SimEvent();
+      *event = sim_event;
+    }
+    sim_event->device = index;
+    sim_event->seq = queue(index).position();
+  }
+  // A stream waits for an event: with one queue per device, an event of the same device is already in order;
+  // one of another device is waited for here, until its queue has run up to the event.
+  void block(void* event, const c10::Stream& stream) const override {
+    const auto* sim_event = static_cast<const SimEvent*>(event);
+    if (sim_event == nullptr || sim_event->device == stream_index(stream)) return;
+    queue(sim_event->device).wait(sim_event->seq, false);
+  }
+  bool queryEvent(void* event) const override {
+    const auto* sim_event = static_cast<const SimEvent*>(event);
+    return sim_event == nullptr || queue(sim_event->device).reached(sim_event->seq);
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    delete static_cast<SimEvent*>(event);
+  }
+  bool queryStream(const c10::Stream& stream) const override { return queue(stream_index(stream)).pending() == 0; }
+  void synchronizeStream(const c10::Stream& stream) const override { drain(stream_index(stream)); }
+  void synchronizeEvent(void* event) const override {
+    const auto* sim_event = static_cast<const SimEvent*>(event);
+    if (sim_event != nullptr) queue(sim_event->device).wait(sim_event->seq, false);
+  }
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    const c10::DeviceIndex index = device_index < 0 ? t_current_device : device_index;
+    check_index(index);
+    drain(index);
+  }
   void recordDataPtrOnStream(const c10::DataPtr& /*data_ptr*/, const c10::Stream& /*stream*/) const override {}
 };
 
@@ -295,6 +560,7 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 void resize_storage_bytes(c10::StorageImpl* impl, size_t new_size) {
   TORCH_CHECK(impl->resizable(), "npu_sim: trying to resize a storage that is not resizable");
   const c10::DeviceGuard guard(impl->device());
+  drain(impl->device().index());
   c10::DataPtr data = g_device_allocator.allocate(new_size);
   const size_t keep = std::min(new_size, impl->nbytes());
   if (keep > 0) g_device_allocator.copy_data(data.get(), impl->data(), keep);
@@ -405,24 +671,41 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   const Direction direction = t_fallback_depth > 0 ? kByFallback
                               : from_npu           ? (to_npu ? kDeviceToDevice : kDeviceToHost)
                                                    : kHostToDevice;
+  const int64_t bytes = static_cast<int64_t>(dst.numel()) * static_cast<int64_t>(dst.element_size());
   if (dst.numel() > 0) {
     at::ScalarType src_type = src.scalar_type();
     at::ScalarType dst_type = dst.scalar_type();
     if (src_type == dst_type && !src.is_conj() && !src.is_neg()) {
       if (auto bits = same_width_integer(static_cast<int64_t>(src.element_size()))) src_type = dst_type = *bits;
     }
-    const HostAccess dst_access(dst.data_ptr());
-    const HostAccess src_access(src.data_ptr());
-    host_alias(dst, dst_type).copy_(host_alias(src, src_type));
+    // Asynchronous, as on a device: non_blocking, host to device, from pinned memory, asked for by the code
+    // (not the CPU fallback). The copy reads the source when the queue runs it.
+    if (non_blocking && t_fallback_depth == 0 && direction == kHostToDevice && g_async_enabled.load() &&
+        registry().slot_of(src.data_ptr()) == kPinnedSlot) {
+      CopyJob job;
+      job.dst_storage = dst.storage();
+      job.src_storage = src.storage();
+      job.dst = alias_of(dst, dst_type);
+      job.src = alias_of(src, src_type);
+      job.bytes = bytes;
+      queue(dst.device().index()).enqueue(std::move(job));
+    } else {
+      if (from_npu) drain(src.device().index());
+      if (to_npu) drain(dst.device().index());
+      const HostAccess dst_access(dst.data_ptr());
+      const HostAccess src_access(src.data_ptr());
+      host_alias(dst, dst_type).copy_(host_alias(src, src_type));
+    }
   }
   g_copy_count[direction] += 1;
-  g_copy_bytes[direction] += static_cast<int64_t>(dst.numel()) * static_cast<int64_t>(dst.element_size());
+  g_copy_bytes[direction] += bytes;
   if (non_blocking && t_fallback_depth == 0) g_non_blocking_copies += 1;
   return dst;
 }
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() > 0) {
+    drain_device_of(self);
     const HostAccess access(self.data_ptr());
     host_alias(self, self.scalar_type()).fill_(value);
   }
@@ -478,6 +761,20 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::lock_guard<std::mutex> lock(g_fallback_mu);
     g_fallback_ops[name.overload_name.empty() ? name.name : name.name + "." + name.overload_name] += 1;
   }
+  // The op reads and writes its npu arguments' memory: the copies queued on their devices go first.
+  const auto num_arguments = op.schema().arguments().size();
+  for (size_t i = stack->size() - std::min(stack->size(), num_arguments); i < stack->size(); ++i) {
+    const c10::IValue& value = (*stack)[i];
+    if (value.isTensor()) {
+      drain_device_of(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorVector()) drain_device_of(t);
+    } else if (value.isOptionalTensorList()) {
+      for (const c10::IValue& item : value.toListRef()) {
+        if (item.isTensor()) drain_device_of(item.toTensor());
+      }
+    }
+  }
   const FallbackScope scope;
   at::native::cpu_fallback(op, stack);
 }
@@ -512,6 +809,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromB
 // ---- the npu_sim ops Python uses ----
 void configure(int64_t num_devices, bool protect_device_memory) {
   g_protect = protect_device_memory;
+  if (const char* delay = std::getenv("NPU_SIM_COPY_DELAY_US"); delay != nullptr && *delay != '\0') {
+    char* end = nullptr;
+    const long long value = std::strtoll(delay, &end, 10);
+    TORCH_CHECK(*end == '\0' && value >= 0, "npu_sim: NPU_SIM_COPY_DELAY_US must be a count of microseconds >= 0, got '",
+                delay, "'");
+    g_copy_delay_us = value;
+  }
+  if (const char* on = std::getenv("NPU_SIM_ASYNC"); on != nullptr && std::string(on) == "0") g_async_enabled = false;
   TORCH_CHECK(num_devices >= 1 && num_devices <= kMaxDevices, "npu_sim: num_devices must be in [1, ", kMaxDevices,
               "], got ", num_devices);
   g_device_count = static_cast<int>(num_devices);
@@ -538,12 +843,13 @@ int64_t device_of(const at::Tensor& t) {
 // [live_bytes, live_blocks, total_blocks, total_bytes] of a device; index -1 means pinned host memory.
 std::vector<int64_t> memory_stats(int64_t index) {
   TORCH_CHECK(index >= -1 && index < kMaxDevices, "npu_sim: invalid device ordinal ", index);
+  for (int i = 0; i < kMaxDevices; ++i) g_queues[i]->collect();  // copies that ran no longer hold memory
   const Counters c = registry().counters(index == -1 ? kPinnedSlot : static_cast<int>(index));
   return {c.live_bytes, c.live_blocks, c.total_blocks, c.total_bytes};
 }
 
 // [h2d count, h2d bytes, d2h count, d2h bytes, d2d count, d2d bytes, fallback count, fallback bytes,
-//  non_blocking count]
+//  non_blocking count, asynchronous copies run, their bytes, the deepest a queue has been]
 std::vector<int64_t> copy_stats() {
   std::vector<int64_t> out;
   for (int d = 0; d < 4; ++d) {
@@ -551,6 +857,9 @@ std::vector<int64_t> copy_stats() {
     out.push_back(g_copy_bytes[d].load());
   }
   out.push_back(g_non_blocking_copies.load());
+  out.push_back(g_async_copies.load());
+  out.push_back(g_async_bytes.load());
+  out.push_back(g_max_queue_depth.load());
   return out;
 }
 
@@ -560,6 +869,9 @@ void reset_copy_stats() {
     g_copy_bytes[d] = 0;
   }
   g_non_blocking_copies = 0;
+  g_async_copies = 0;
+  g_async_bytes = 0;
+  g_max_queue_depth = 0;
   std::lock_guard<std::mutex> lock(g_fallback_mu);
   g_fallback_ops.clear();
 }
@@ -575,6 +887,41 @@ std::string fallback_ops() {
   return out;
 }
 
+void check_queue_index(int64_t index) {
+  TORCH_CHECK(index >= 0 && index < g_device_count.load(), "npu_sim: invalid device ordinal ", index,
+              ": the simulated backend has ", g_device_count.load(), " npu device(s)");
+}
+
+// Waits for the copies queued on device `index`, or on every device when index is -1.
+void synchronize(int64_t index) {
+  if (index == -1) {
+    for (int i = 0; i < g_device_count.load(); ++i) drain(i);
+    return;
+  }
+  check_queue_index(index);
+  drain(static_cast<int>(index));
+}
+
+void set_copy_delay_us(int64_t delay) {
+  TORCH_CHECK(delay >= 0, "npu_sim: the copy delay must be >= 0 microseconds, got ", delay);
+  g_copy_delay_us = delay;
+}
+int64_t copy_delay_us() { return g_copy_delay_us.load(); }
+void set_async_copies(bool enabled) { g_async_enabled = enabled; }
+bool async_copies() { return g_async_enabled.load(); }
+void pause_queue(int64_t index) {
+  check_queue_index(index);
+  queue(static_cast<int>(index)).set_paused(true);
+}
+void resume_queue(int64_t index) {
+  check_queue_index(index);
+  queue(static_cast<int>(index)).set_paused(false);
+}
+int64_t queue_depth(int64_t index) {
+  check_queue_index(index);
+  return queue(static_cast<int>(index)).pending();
+}
+
 TORCH_LIBRARY(npu_sim, m) {
   m.def("configure(int num_devices, bool protect_device_memory) -> ()", configure);
   m.def("device_count() -> int", device_count);
@@ -585,6 +932,14 @@ TORCH_LIBRARY(npu_sim, m) {
   m.def("copy_stats() -> int[]", copy_stats);
   m.def("reset_copy_stats() -> ()", reset_copy_stats);
   m.def("fallback_ops() -> str", fallback_ops);
+  m.def("synchronize(int index) -> ()", synchronize);
+  m.def("set_copy_delay_us(int delay) -> ()", set_copy_delay_us);
+  m.def("copy_delay_us() -> int", copy_delay_us);
+  m.def("set_async_copies(bool enabled) -> ()", set_async_copies);
+  m.def("async_copies() -> bool", async_copies);
+  m.def("pause_queue(int index) -> ()", pause_queue);
+  m.def("resume_queue(int index) -> ()", resume_queue);
+  m.def("queue_depth(int index) -> int", queue_depth);
 }
 
 }  // namespace

@@ -1,0 +1,306 @@
+"""``safe_open.prefetch``: tensors loading in the background, handed out once each (the reference's 0.9 API).
+
+The reference loads to CUDA only; this loads to every device torch knows with the same semantics: ``cpu``
+(tensors in memory of their own), ``cuda``, ``npu``, ``xpu``, any PrivateUse1 backend, and ``meta``.
+
+A plan names tensors, whole or as rows ``[start, stop)`` of the first dimension (a contiguous byte range of
+the file). Every planned piece is validated before anything is read or allocated. Then:
+
+- to the CPU, a pool of ``threads`` readers fills a fresh tensor per piece with positional reads (the GIL
+  released), so pieces land in parallel, each as soon as its bytes are in;
+- to an accelerator, one background thread streams the pieces in file order through the process-wide,
+  page-locked staging ring of the torch adapter (reads overlap the device copies; host staging stays at the
+  ring's size whatever the plan), in batches of about one ring buffer, each batch handed out once its copies
+  completed (so tensors are ready on any stream).
+
+Each piece is its own allocation: it is freed once taken and dropped; pieces not taken are held until
+``close``. The loader keeps the file open (its own reference), so it outlives the ``safe_open`` handle.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from ._safetensors_cpp import SafetensorError
+
+Piece = Tuple[str, Tuple[int, ...], int, int]  # (code, shape, begin, end) in data-buffer offsets
+
+
+def plan_pieces(reader: Any, plan: Optional[Dict[str, Any]]) -> List[Tuple[str, Piece]]:
+    """The planned pieces in file order; every error of the plan is raised here, before any I/O."""
+    from ._core import DTYPES
+    from .torch import _torch_dtype, _torch_shape
+
+    file = reader.file
+    if plan is None:
+        chosen: Dict[str, Optional[slice]] = {name: None for name in file.offset_keys()}
+    else:
+        if not isinstance(plan, dict):
+            raise SafetensorError(f"prefetch plan must be a dict of tensor names to None or a slice, got "
+                                  f"{type(plan).__name__}")
+        chosen = {}
+        for name, rows in plan.items():
+            if not isinstance(name, str):
+                raise SafetensorError("prefetch plan keys must be tensor names")
+            if name not in file:
+                file.info(name)  # the reference's "File does not contain tensor NAME"
+            if rows is not None and not isinstance(rows, slice):
+                raise SafetensorError(f"prefetch plan values must be None or a slice, got {type(rows).__name__}")
+            chosen[name] = rows
+        if not chosen:
+            raise SafetensorError("prefetch plan selects no tensors")
+
+    pieces = []
+    for name, (code, shape, begin, end) in file.infos():
+        if name not in chosen:
+            continue
+        if code.startswith("F6_"):
+            raise SafetensorError(f"prefetch cannot hand out dtype {code} (torch has no {code} type): tensor {name}")
+        rows = chosen[name]
+        if rows is not None:
+            begin, end, shape = _rows(file, name, code, shape, begin, end, rows, DTYPES[code].bits)
+        _torch_shape(code, shape)  # a dtype torch lacks, or packed F4 rows it cannot hold, fail here
+        _torch_dtype(code)
+        pieces.append((name, (code, shape, begin, end)))
+    return pieces
+
+
+def _rows(file: Any, name: str, code: str, shape: Tuple[int, ...], begin: int, end: int, rows: slice,
+          bits: int) -> Tuple[int, int, Tuple[int, ...]]:
+    if rows.step is not None and rows.step != 1:
+        if rows.step == 0:
+            raise SafetensorError(f"invalid prefetch plan slice for {name}: slice step cannot be zero")
+        raise SafetensorError(f"prefetch plan slices must have step 1, got {rows.step} (tensor {name})")
+    if not shape:
+        raise SafetensorError(f"cannot slice rows of the 0-d tensor {name}")
+    count = shape[0]
+    start = 0 if rows.start is None else _bound(rows.start, name)
+    stop = count if rows.stop is None else _bound(rows.stop, name)
+    # A plan is explicit: negative bounds count from the end, nothing is clamped.
+    start = start + count if start < 0 else start
+    stop = stop + count if stop < 0 else stop
+    if not 0 <= start <= stop <= count:
+        raise SafetensorError(
+            f"prefetch plan slice bounds for {name} are out of range (0..{count}): "
+            f"[{rows.start}:{rows.stop}] gives rows {start}..{stop}"
+        )
+    # The rows are one contiguous run of bytes; the native planner checks that a packed (sub-byte) type's
+    # rows fall on byte boundaries.
+    file.plan_slice(name, [(1, start, stop, None)])
+    row_bits = bits
+    for d in shape[1:]:
+        row_bits *= d
+    return begin + start * row_bits // 8, begin + stop * row_bits // 8, (stop - start,) + tuple(shape[1:])
+
+
+def _bound(value: Any, name: str) -> int:
+    import operator
+
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise SafetensorError(f"invalid prefetch plan slice for {name}: bounds must be integers") from None
+
+
+class PrefetchLoader:
+    """The tensors of one file loading in the background, returned by ``safe_open.prefetch``. Each tensor is
+    handed out once, by ``take`` or by iterating. Thread-safe; a context manager that closes on exit."""
+
+    def __init__(self, reader: Any, pieces: List[Tuple[str, Piece]], device: Any, threads: int) -> None:
+        self._file = reader.file  # keeps the file open: the loader outlives the handle
+        self._order = [name for name, _ in pieces]
+        self._pieces = dict(pieces)
+        self._lock = threading.Condition()
+        self._ready: Dict[str, Any] = {}  # landed, not taken: name -> tensor
+        self._failed: Dict[str, BaseException] = {}
+        self._landed: Deque[str] = collections.deque()  # landing order, for iteration
+        self._taken: set = set()
+        self._closed = False
+        self._stop = threading.Event()
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._thread: Optional[threading.Thread] = None
+        if device.type == "meta":
+            for name, piece in pieces:
+                self._land([name], [_meta(piece, device)])
+        elif device.type == "cpu":
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads,
+                                                                   thread_name_prefix="safetensors-prefetch")
+            for name, piece in pieces:
+                self._executor.submit(self._load_cpu, name, piece)
+        else:
+            self._thread = threading.Thread(target=self._load_device, args=(pieces, device), daemon=True,
+                                            name="safetensors-prefetch")
+            self._thread.start()
+
+    # -- background work ------------------------------------------------------------------------------------
+    def _land(self, names: List[str], tensors: List[Any], error: Optional[BaseException] = None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for i, name in enumerate(names):
+                if error is not None:
+                    self._failed[name] = error
+                else:
+                    self._ready[name] = tensors[i]
+                self._landed.append(name)
+            self._lock.notify_all()
+
+    def _load_cpu(self, name: str, piece: Piece) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            tensor = _read_cpu(self._file, piece)
+        except BaseException as e:  # delivered to whoever waits for this tensor
+            self._land([name], [], e)
+            return
+        self._land([name], [tensor])
+
+    def _load_device(self, pieces: List[Tuple[str, Piece]], device: Any) -> None:
+        from .torch import _STAGING_BYTES, _staged_load
+
+        # The ring reads one contiguous run of the file per batch: a batch is adjacent pieces (a planned gap,
+        # rows of a tensor or an unplanned tensor, ends it) of about one staging buffer.
+        batch: List[Tuple[str, Piece]] = []
+        size = 0
+        for i, (name, piece) in enumerate(pieces):
+            batch.append((name, piece))
+            size += piece[3] - piece[2]
+            adjacent = i + 1 < len(pieces) and pieces[i + 1][1][2] == piece[3]
+            if size < _STAGING_BYTES and adjacent:
+                continue
+            if self._stop.is_set():
+                return
+            names = [n for n, _ in batch]
+            try:
+                out = _staged_load(self._file, batch, device)
+            except BaseException as e:
+                self._land(names, [], e)
+            else:
+                self._land(names, [out[n] for n in names])
+            batch, size = [], 0
+
+    # -- the API --------------------------------------------------------------------------------------------
+    def names(self) -> List[str]:
+        """The names this loader hands out, in file order."""
+        return list(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def take(self, name: str) -> Any:
+        """``name``'s tensor, waiting until its bytes landed. Each tensor is handed out once."""
+        with self._lock:
+            self._check_open()
+            if name not in self._pieces:
+                raise SafetensorError(f"{name} is not in the prefetch plan")
+            if name in self._taken:
+                raise SafetensorError(
+                    f"tensor {name} already delivered (prefetch hands each tensor out once, via take or iteration)"
+                )
+            while name not in self._ready and name not in self._failed:
+                self._lock.wait()
+                self._check_open()
+            return self._hand_out(name)
+
+    def __iter__(self) -> "TensorStream":
+        """``(name, tensor)`` pairs as their bytes land (unspecified order); tensors already taken are skipped."""
+        return TensorStream(self)
+
+    def _next_landed(self) -> Optional[Tuple[str, Any]]:
+        """The next landed tensor not taken yet, waiting for one; None once every tensor has been handed out."""
+        with self._lock:
+            self._check_open()
+            while True:
+                while self._landed and self._landed[0] in self._taken:
+                    self._landed.popleft()
+                if self._landed:
+                    name = self._landed.popleft()
+                    return name, self._hand_out(name)
+                if len(self._taken) == len(self._order):
+                    return None
+                self._lock.wait()
+                self._check_open()
+
+    def close(self) -> None:
+        """Stops the background load and releases every tensor not taken yet; tensors already handed out keep
+        their memory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stop.set()
+            self._ready.clear()
+            self._failed.clear()
+            self._landed.clear()
+            self._lock.notify_all()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> "PrefetchLoader":
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Without close(), readers still stop at the next piece; nothing waits for them here.
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+    # -- helpers (the lock held) -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SafetensorError("prefetch loader closed")
+
+    def _hand_out(self, name: str) -> Any:
+        self._taken.add(name)
+        error = self._failed.pop(name, None)
+        if error is not None:
+            raise error
+        return self._ready.pop(name)
+
+
+class TensorStream:
+    """Iterator over a :class:`PrefetchLoader`: ``(name, tensor)`` pairs in landing order, each tensor
+    delivered once."""
+
+    __slots__ = ("_loader",)
+
+    def __init__(self, loader: PrefetchLoader) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> "TensorStream":
+        return self
+
+    def __next__(self) -> Tuple[str, Any]:
+        item = self._loader._next_landed()
+        if item is None:
+            raise StopIteration
+        return item
+
+
+def _read_cpu(file: Any, piece: Piece) -> Any:
+    import torch
+
+    from .torch import _torch_dtype, _torch_shape
+
+    code, shape, begin, end = piece
+    tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device="cpu")
+    if end > begin:
+        file.read_range(begin, tensor.data_ptr(), end - begin)
+    return tensor
+
+
+def _meta(piece: Piece, device: Any) -> Any:
+    import torch
+
+    from .torch import _torch_dtype, _torch_shape
+
+    code, shape, _, _ = piece
+    return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)

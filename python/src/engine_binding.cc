@@ -1,0 +1,323 @@
+// The engine (engine.h) in _safetensors_cpp: Prefetcher, PrefetchEvent and the process-wide slab pool.
+//
+// Declarative defs over the C++ API. A Python Prefetcher owns a shared reference to the C++ one: each call
+// takes its own reference while it holds the GIL and drops it with the GIL released, so close() from one thread
+// never destroys the engine under another thread's next(); the last reference cancels and joins the readers,
+// always with the GIL released (readers may be waiting for it in a Python slab allocator). next(), wait_piece(),
+// release(), cancel() and close() release the GIL and touch no Python object while it is released. Slabs are
+// exposed as an integer address and a length, valid until release(). Errors go through module.cc's translation.
+#include "engine_binding.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "safetensors/engine.h"
+#include "safetensors/file.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace safetensors::python {
+namespace {
+
+void (*g_raise)(Error) = nullptr;
+
+template <typename T>
+T check(Result<T> r) {
+  if (!r.ok()) {
+    g_raise(std::move(r).error());
+    std::abort();  // g_raise throws
+  }
+  return std::move(r).value();
+}
+void check(Status s) {
+  if (!s.ok()) {
+    g_raise(std::move(s).error());
+    std::abort();
+  }
+}
+
+// Drops `p` with the GIL released when this thread holds it.
+void drop(std::shared_ptr<Prefetcher>& p) {
+  if (p && p.use_count() == 1 && PyGILState_Check()) {
+    nb::gil_scoped_release release;
+    p.reset();
+  } else {
+    p.reset();
+  }
+}
+
+class PyPrefetcher {
+ public:
+  explicit PyPrefetcher(std::shared_ptr<Prefetcher> p) : p_(std::move(p)) {}
+  ~PyPrefetcher() { close(); }
+  PyPrefetcher(const PyPrefetcher&) = delete;
+  PyPrefetcher& operator=(const PyPrefetcher&) = delete;
+
+  // REQUIRES: the GIL is held.
+  std::shared_ptr<Prefetcher> ref() const {
+    if (!p_) check(Status(Error::invalid_argument("", "prefetcher closed")));
+    return p_;
+  }
+
+  // Runs fn(prefetcher) with the GIL released.
+  template <typename Fn>
+  auto call(Fn&& fn) const {
+    std::shared_ptr<Prefetcher> p = ref();
+    nb::gil_scoped_release release;
+    auto out = fn(*p);
+    p.reset();
+    return out;
+  }
+
+  void close() {
+    std::shared_ptr<Prefetcher> p = std::move(p_);
+    if (!p) return;
+    {
+      nb::gil_scoped_release release;
+      p->cancel();
+    }
+    drop(p);
+  }
+
+ private:
+  std::shared_ptr<Prefetcher> p_;
+};
+
+const char* kind_name(PrefetchEvent::Kind k) {
+  switch (k) {
+    case PrefetchEvent::Kind::kStaged: return "staged";
+    case PrefetchEvent::Kind::kDirect: return "direct";
+    case PrefetchEvent::Kind::kEnd: return "end";
+    case PrefetchEvent::Kind::kTimeout: return "timeout";
+  }
+  return "unknown";
+}
+
+// Python callables as slab allocator. They run on reader threads, which take the GIL for them; the callables
+// are dropped with the GIL held, whichever thread frees the last slab they made.
+struct PyAllocator {
+  nb::object alloc;
+  nb::object free;
+  ~PyAllocator() {
+    nb::gil_scoped_acquire gil;
+    alloc.reset();
+    free.reset();
+  }
+};
+
+SlabAllocator to_allocator(std::optional<nb::object> alloc, std::optional<nb::object> free) {
+  if (!alloc && !free) return {};
+  if (!alloc || !free) check(Status(Error::invalid_argument("<slab pool>", "give both alloc and free, or neither")));
+  auto cb = std::shared_ptr<PyAllocator>(new PyAllocator{std::move(*alloc), std::move(*free)});
+  SlabAllocator a;
+  a.alloc = [cb](std::size_t size) -> void* {
+    nb::gil_scoped_acquire gil;
+    try {
+      return reinterpret_cast<void*>(nb::cast<std::uintptr_t>(cb->alloc(size)));
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("safetensors slab allocator");
+    } catch (const std::exception&) {
+    }
+    return nullptr;  // the prefetch fails with an I/O error (ENOMEM)
+  };
+  a.free = [cb](void* p, std::size_t size) {
+    nb::gil_scoped_acquire gil;
+    try {
+      cb->free(reinterpret_cast<std::uintptr_t>(p), size);
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("safetensors slab allocator");
+    } catch (const std::exception&) {
+    }
+  };
+  return a;
+}
+
+nb::dict pool_stats() {
+  const SlabPoolStats s = SlabPool::global().stats();
+  nb::dict d;
+  d["capacity"] = s.capacity;
+  d["slab_bytes"] = s.slab_bytes;
+  d["allocated_bytes"] = s.allocated_bytes;
+  d["peak_bytes"] = s.peak_bytes;
+  d["slabs_in_use"] = s.slabs_in_use;
+  d["slabs_free"] = s.slabs_free;
+  d["allocations"] = s.allocations;
+  d["frees"] = s.frees;
+  d["users"] = s.users;
+  return d;
+}
+
+using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optional<std::uintptr_t>>;
+
+}  // namespace
+
+void bind_engine(nb::module_& m, void (*raise)(Error)) {
+  g_raise = raise;
+
+  m.def(
+      "tensor_piece",
+      [](const File& f, std::string_view name) {
+        const Piece p = check(tensor_piece(f, *check(f.info(name))));
+        return std::pair(p.begin, p.end);
+      },
+      "file"_a, "name"_a, "The data-buffer range [begin, end) of a whole tensor.");
+  m.def(
+      "row_piece",
+      [](const File& f, std::string_view name, std::uint64_t r0, std::uint64_t r1) {
+        const Piece p = check(row_piece(f, *check(f.info(name)), r0, r1));
+        return std::pair(p.begin, p.end);
+      },
+      "file"_a, "name"_a, "r0"_a, "r1"_a,
+      "The data-buffer range [begin, end) of rows [r0, r1) of a tensor's first dimension (checked: 0-d, range, "
+      "sub-byte alignment).");
+
+  nb::class_<PrefetchEvent>(m, "PrefetchEvent", "What Prefetcher.next() returns.")
+      .def_prop_ro("kind", [](const PrefetchEvent& e) { return kind_name(e.kind); },
+                   "'staged' (bytes in a slab), 'direct' (a piece complete), 'end' or 'timeout'.")
+      .def_ro("piece", &PrefetchEvent::piece, "The piece's position in the plan.")
+      .def_ro("offset", &PrefetchEvent::offset, "staged: where the bytes lie in the piece.")
+      .def_prop_ro("address", [](const PrefetchEvent& e) { return reinterpret_cast<std::uintptr_t>(e.bytes.data()); },
+                   "staged: the bytes' address in the slab (valid until release(slab)).")
+      .def_prop_ro("size", [](const PrefetchEvent& e) { return e.bytes.size(); })
+      .def_ro("slab", &PrefetchEvent::slab, "staged: the handle to release (0: none).")
+      .def_prop_ro(
+          "slab_address", [](const PrefetchEvent& e) { return reinterpret_cast<std::uintptr_t>(e.slab_data); },
+          "staged: the slab allocation's start (what the pool's alloc returned); address - slab_address is the "
+          "bytes' offset in it.")
+      .def_ro("piece_done", &PrefetchEvent::piece_done, "The piece's last chunk (always true for direct).");
+
+  nb::class_<PyPrefetcher>(m, "Prefetcher",
+                           "A plan of data-buffer ranges read in the background (the C++ engine). Each plan item is "
+                           "(tensor name, begin, end, dst): dst an address of end - begin writable bytes (direct) or "
+                           "None (staged: bytes come through slabs of the process-wide pool).")
+      .def(
+          "__init__",
+          [](PyPrefetcher* self, const File& f, const std::vector<PyPiece>& plan, unsigned threads,
+             std::uint64_t chunk_bytes, std::uint64_t merge_gap, std::size_t max_slabs) {
+            std::vector<Piece> pieces;
+            pieces.reserve(plan.size());
+            for (const auto& [name, begin, end, dst] : plan) {
+              Piece p;
+              p.begin = begin;
+              p.end = end;
+              p.tensor = name;
+              if (dst) {
+                p.delivery = Delivery::kDirect;
+                // The size is checked by start(): end < begin is refused there.
+                p.dst = std::span<std::byte>(reinterpret_cast<std::byte*>(*dst), end >= begin ? end - begin : 0);
+              }
+              pieces.push_back(p);
+            }
+            PrefetchOptions o;
+            o.threads = threads;
+            o.chunk_bytes = chunk_bytes;
+            o.merge_gap = merge_gap;
+            o.max_slabs = max_slabs;
+            Result<std::unique_ptr<Prefetcher>> started = [&] {
+              nb::gil_scoped_release release;
+              return Prefetcher::start(f, std::move(pieces), o);
+            }();
+            new (self) PyPrefetcher(std::shared_ptr<Prefetcher>(check(std::move(started))));
+          },
+          "file"_a, "plan"_a, "threads"_a = 8, "chunk_bytes"_a = std::uint64_t{8} << 20, "merge_gap"_a = 0,
+          "max_slabs"_a = 0,
+          nb::sig("def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = 8, "
+                  "chunk_bytes: int = 8388608, merge_gap: int = 0, max_slabs: int = 0) -> None"))
+      .def(
+          "next",
+          [](const PyPrefetcher& self, std::optional<double> timeout) {
+            return check(self.call([&](Prefetcher& p) {
+              if (!timeout) return p.next();
+              const auto ns = std::chrono::nanoseconds(static_cast<std::int64_t>(std::max(0.0, *timeout) * 1e9));
+              return p.next_for(ns);
+            }));
+          },
+          "timeout"_a = nb::none(),
+          "Waits (the GIL released) for the next event; raises the readers' error (naming file and tensor).")
+      .def(
+          "release",
+          [](const PyPrefetcher& self, std::uint64_t slab) {
+            check(self.call([&](Prefetcher& p) { return p.release(slab); }));
+          },
+          "slab"_a, "Returns a staged event's slab to the pool, once nothing reads it any more.")
+      .def(
+          "wait_piece",
+          [](const PyPrefetcher& self, std::size_t i) {
+            check(self.call([&](Prefetcher& p) { return p.wait_piece(i); }));
+          },
+          "piece"_a, "Waits (the GIL released) until direct piece `piece` is complete.")
+      .def(
+          "piece_done", [](const PyPrefetcher& self, std::size_t i) { return self.ref()->piece_done(i); }, "piece"_a)
+      .def(
+          "cancel",
+          [](const PyPrefetcher& self) {
+            self.call([](Prefetcher& p) {
+              p.cancel();
+              return 0;
+            });
+          },
+          "Stops the readers and wakes every waiter; lent slabs stay valid until released or close().")
+      .def("close", &PyPrefetcher::close,
+           "Cancels, joins the readers and returns every slab. Then every method but close() raises.")
+      .def("__enter__", [](nb::handle self) { return self; }, nb::sig("def __enter__(self) -> Prefetcher"))
+      .def("__exit__", [](PyPrefetcher& self, nb::handle, nb::handle, nb::handle) { self.close(); },
+           nb::arg().none(), nb::arg().none(), nb::arg().none())
+      .def("__len__", [](const PyPrefetcher& self) { return self.ref()->plan().size(); })
+      .def(
+          "stats",
+          [](const PyPrefetcher& self) {
+        const PrefetchStats s = self.ref()->stats();
+        nb::dict d;
+        d["bytes_read"] = s.bytes_read;
+        d["reads"] = s.reads;
+        d["bytes_staged"] = s.bytes_staged;
+        d["bytes_direct"] = s.bytes_direct;
+        d["chunks"] = s.chunks;
+        d["slab_wait_ns"] = s.slab_wait_ns;
+        d["events_lent"] = s.events_lent;
+        return d;
+          },
+          nb::sig("def stats(self) -> dict[str, int]"),
+          "Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...");
+
+  m.def(
+      "slab_pool_set_capacity", [](std::uint64_t bytes) { check(SlabPool::global().set_capacity(bytes)); },
+      "bytes"_a, "The most bytes the process-wide slab pool allocates at once (default 256 MiB).");
+  m.def(
+      "slab_pool_set_slab_bytes", [](std::uint64_t bytes) { check(SlabPool::global().set_slab_bytes(bytes)); },
+      "bytes"_a, "The size of each slab (a multiple of 4096; default 8 MiB).");
+  m.def(
+      "slab_pool_set_allocator",
+      [](std::optional<nb::object> alloc, std::optional<nb::object> free) {
+        SlabAllocator a = to_allocator(std::move(alloc), std::move(free));
+        nb::gil_scoped_release release;  // idle slabs of the old allocator are freed now, through it
+        check(SlabPool::global().set_allocator(std::move(a)));
+      },
+      "alloc"_a = nb::none(), "free"_a = nb::none(),
+      nb::sig("def slab_pool_set_allocator(alloc: collections.abc.Callable[[int], int] | None = None, "
+              "free: collections.abc.Callable[[int, int], None] | None = None) -> None"),
+      "Slab memory from alloc(size) -> address (0 on failure), returned by free(address, size); both None: the "
+      "default. They run on reader threads (taking the GIL).");
+  m.def(
+      "slab_pool_trim", [] { SlabPool::global().trim(); }, nb::call_guard<nb::gil_scoped_release>(),
+      "Frees every idle slab now.");
+  m.def("slab_pool_stats", &pool_stats, nb::sig("def slab_pool_stats() -> dict[str, int]"),
+        "Counters of the process-wide slab pool (bytes allocated now and at peak, slabs in use, ...).");
+}
+
+}  // namespace safetensors::python

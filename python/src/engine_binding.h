@@ -1,0 +1,17 @@
+// The engine's part of _safetensors_cpp (engine_binding.cc), registered by module.cc.
+#ifndef SAFETENSORS_PYTHON_ENGINE_BINDING_H_
+#define SAFETENSORS_PYTHON_ENGINE_BINDING_H_
+
+#include <nanobind/nanobind.h>
+
+#include "safetensors/error.h"
+
+namespace safetensors::python {
+
+// Adds Prefetcher, PrefetchEvent and the slab-pool functions to `m`. `raise` throws the module's translated
+// error for an Error (module.cc's one translation path); it never returns.
+void bind_engine(nanobind::module_& m, void (*raise)(Error));
+
+}  // namespace safetensors::python
+
+#endif  // SAFETENSORS_PYTHON_ENGINE_BINDING_H_

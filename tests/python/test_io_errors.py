@@ -1,0 +1,193 @@
+"""I/O failures raise one type a program can branch on: SafetensorIOError, both a SafetensorError (as the
+reference raises) and an OSError with errno, strerror and filename set. Its text starts as the reference's
+(`Error while serializing: I/O error: No space left on device (os error 28)`) and names the file.
+
+The filesystems are real: a small tmpfs that fills up and a read-only tmpfs (mounted as root; skipped where
+mounting is refused), a folder as the target, a missing parent, a directory without write permission for an
+unprivileged child process, and a file truncated under the pread backend."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import safetensors
+from safetensors import SafetensorError, SafetensorIOError, safe_open
+from safetensors.torch import load_file, save_file
+
+# 400 KiB of data: more than the 64 KiB tmpfs below holds.
+BIG = {"w": torch.arange(100_000, dtype=torch.float32)}
+SMALL = {"w": torch.arange(4, dtype=torch.float32)}
+
+
+def _mount(target: Path, options: str) -> None:
+    target.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.decode().strip() or 'not root'})")
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A 64 KiB tmpfs: a save of BIG runs out of space."""
+    mnt = tmp_path / "full"
+    _mount(mnt, "size=64k")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture
+def readonly_fs(tmp_path):
+    mnt = tmp_path / "ro"
+    _mount(mnt, "ro,size=64k")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def _save_error(target) -> SafetensorIOError:
+    with pytest.raises(SafetensorIOError) as info:
+        save_file(BIG, target)
+    return info.value
+
+
+def _check(e: SafetensorIOError, code: int) -> None:
+    assert isinstance(e, SafetensorError) and isinstance(e, OSError)
+    assert e.errno == code
+    assert e.strerror == os.strerror(code)
+    expected = f"Error while serializing: I/O error: {os.strerror(code)} (os error {code})"
+    assert str(e).startswith(expected), str(e)
+    assert e.filename and f'"{e.filename}"' in str(e)
+
+
+def test_disk_full(full_fs):
+    e = _save_error(full_fs / "model.safetensors")
+    _check(e, errno.ENOSPC)
+    assert Path(e.filename).parent == full_fs
+    assert os.listdir(full_fs) == [], "a failed save leaves nothing behind"
+
+
+def test_disk_full_keeps_the_previous_file(full_fs):
+    target = full_fs / "model.safetensors"
+    save_file(SMALL, target)
+    before = target.read_bytes()
+    _check(_save_error(target), errno.ENOSPC)
+    assert target.read_bytes() == before
+    assert torch.equal(load_file(target)["w"], SMALL["w"])
+
+
+def test_read_only_filesystem(readonly_fs):
+    e = _save_error(readonly_fs / "model.safetensors")
+    _check(e, errno.EROFS)
+
+
+def test_folder_as_target(tmp_path):
+    e = _save_error(tmp_path)
+    _check(e, errno.EISDIR)
+    assert e.filename == str(tmp_path)
+
+
+def test_missing_parent(tmp_path):
+    e = _save_error(tmp_path / "missing" / "model.safetensors")
+    _check(e, errno.ENOENT)
+    assert e.filename == str(tmp_path / "missing")
+
+
+def test_numpy_and_serialize_file_raise_the_same_type(tmp_path):
+    from safetensors.numpy import save_file as np_save_file
+
+    with pytest.raises(SafetensorIOError) as info:
+        np_save_file({"a": np.zeros(3)}, tmp_path / "missing" / "x.safetensors")
+    assert info.value.errno == errno.ENOENT
+    with pytest.raises(SafetensorIOError) as info:
+        safetensors.serialize_file({}, tmp_path)
+    assert info.value.errno == errno.EISDIR
+
+
+PERMISSION_CHILD = r"""
+import os, sys
+import torch
+from safetensors import SafetensorIOError
+from safetensors.torch import save_file
+os.setgid(65534); os.setuid(65534)  # after the imports: the interpreter's files need not be readable by nobody
+try:
+    save_file({"w": torch.zeros(3)}, sys.argv[1])
+except SafetensorIOError as e:
+    print(e.errno, e.filename, str(e), sep="\n")
+"""
+
+
+def test_permission_denied(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the child as an unprivileged user")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    proc = subprocess.run([sys.executable, "-c", PERMISSION_CHILD, str(locked / "model.safetensors")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    code, filename, text = proc.stdout.splitlines()
+    assert int(code) == errno.EACCES
+    assert Path(filename).parent == locked
+    assert text.startswith(f"Error while serializing: I/O error: {os.strerror(errno.EACCES)} (os error {errno.EACCES})")
+
+
+def test_truncated_file_under_pread(tmp_path):
+    path = tmp_path / "t.safetensors"
+    save_file({"a": torch.zeros(1000), "b": torch.ones(1000)}, path)
+    with safe_open(path, "pt", backend="pread") as f:
+        os.truncate(path, 200)
+        for read in (lambda: f.get_tensor("a"), lambda: f.get_tensor("b"), lambda: f.get_slice("b")[1:5],
+                     f.get_tensors):
+            with pytest.raises(SafetensorIOError, match="file is shorter than expected") as info:
+                read()
+            e = info.value
+            assert isinstance(e, SafetensorError) and isinstance(e, OSError)
+            assert e.errno == errno.EIO
+            assert e.filename == str(path)
+            assert "file is shorter than expected" in e.strerror
+
+
+def test_pickles_with_its_attributes(tmp_path):
+    e = _save_error(tmp_path / "missing" / "model.safetensors")
+    copy = pickle.loads(pickle.dumps(e))
+    assert type(copy) is SafetensorIOError
+    assert (copy.errno, copy.strerror, copy.filename, str(copy)) == (e.errno, e.strerror, e.filename, str(e))
+
+
+def test_a_missing_file_on_open_is_still_the_reference_error(tmp_path):
+    missing = tmp_path / "nope.safetensors"
+    with pytest.raises(FileNotFoundError, match=f"^No such file or directory: {re.escape(str(missing))}$"):
+        safe_open(missing, "pt")
+
+
+REFERENCE_SAVE = """
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+try:
+    save_file({"w": torch.arange(100_000, dtype=torch.float32)}, target)
+    result = None
+except SafetensorError as e:
+    result = str(e)
+"""
+
+
+@pytest.mark.parametrize("case", ["full", "folder"])
+def test_text_starts_as_the_references(reference, tmp_path, case, request):
+    if case == "full":
+        target = request.getfixturevalue("full_fs") / "model.safetensors"
+    else:
+        target = tmp_path
+    theirs = reference.run(REFERENCE_SAVE, target=str(target))
+    assert theirs is not None
+    head = re.match(r"Error while serializing: I/O error: .*? \(os error \d+\)", theirs).group(0)
+    assert str(_save_error(target)).startswith(head)

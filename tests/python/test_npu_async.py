@@ -1,0 +1,391 @@
+"""The simulated NPU's asynchronous copies (tests/python/npu_sim): non-blocking host-to-device copies from pinned
+memory are queued on the destination device's one stream and run later, reading the pinned bytes only then, as
+on a real device; everything else waits for the queue; events and streams follow it. Then the staged loader
+(safetensors.torch._StagingRing) against it: byte-exact with its event waits, corrupted without them.
+
+Outcomes never depend on timing: what has or has not run is decided by ``npu_sim.pause_queue`` (or, in one
+test, by a copy delay a thousand times longer than the work it races). Like test_npu_sim.py, the simulator
+changes the whole process, so in a process without it these tests run in a child pytest, reported by
+``test_npu_async_in_a_child_process``.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import pytest
+import torch
+
+import npu_sim
+
+MiB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def _npu(request):
+    if request.node.originalname == "test_npu_async_in_a_child_process":
+        yield
+        return
+    if not npu_sim.may_install_here():
+        pytest.skip("ran in a child process: see test_npu_async_in_a_child_process")
+    npu_sim.install(2)
+    torch.npu.set_device(0)
+    npu_sim.set_async_copies(True)
+    npu_sim.set_copy_delay_us(2000)
+    npu_sim.synchronize()
+    npu_sim.reset_copy_stats()
+    yield
+    for index in range(2):  # a failed test must not leave a queue held for the next one
+        npu_sim.resume_queue(index)
+    npu_sim.set_copy_delay_us(2000)
+    npu_sim.synchronize()
+    torch.npu.set_device(0)
+
+
+def test_npu_async_in_a_child_process():
+    if npu_sim.may_install_here():
+        pytest.skip("this process runs the npu tests itself")
+    proc = npu_sim.run_pytest_child(__file__, "-rfEs")
+    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, f"npu async tests failed in the child process:\n{output}"
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 14, output
+
+
+def pinned_range(n: int, start: int = 0) -> torch.Tensor:
+    return (torch.arange(start, start + n, dtype=torch.int64) % 251).to(torch.uint8).pin_memory()
+
+
+def raw(t: torch.Tensor) -> bytes:
+    t = t.detach().to("cpu").contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+# ---- the queue ----
+
+def test_an_async_copy_is_pending_until_synchronize():
+    source = pinned_range(4096)
+    with npu_sim.copy_delay(2_000_000):  # 2 s: the checks below take microseconds
+        on_device = source.to("npu:0", non_blocking=True)
+        event = torch.npu.Event()
+        event.record()
+        assert not event.query()
+        assert npu_sim.queue_depth(0) == 1
+        assert not torch.npu.current_stream(0).query()
+        assert npu_sim.copy_stats()["async"]["count"] == 0
+        torch.npu.synchronize()
+        assert event.query() and torch.npu.current_stream(0).query() and npu_sim.queue_depth(0) == 0
+    assert raw(on_device) == raw(source)
+    stats = npu_sim.copy_stats()
+    assert stats["async"] == {"count": 1, "bytes": 4096, "max_depth": 1}
+    assert stats["h2d"] == {"count": 1, "bytes": 4096} and stats["non_blocking"] == 1
+
+
+DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+    torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2,
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_queued_copies_move_every_dtype_exactly(dtype):
+    g = torch.Generator().manual_seed(DTYPES.index(dtype))
+    data = torch.randint(0, 256, (6, 4 * dtype.itemsize), dtype=torch.uint8, generator=g)
+    source = (data % 2).bool() if dtype == torch.bool else data.view(dtype)
+    pinned = source.pin_memory()
+    with npu_sim.queue_paused(1):
+        on_device = pinned.to("npu:1", non_blocking=True)
+        transposed = torch.empty(pinned.t().shape, dtype=dtype, device="npu:1")
+        transposed.copy_(pinned.t(), non_blocking=True)  # a strided source: copied element by element
+        assert npu_sim.queue_depth(1) == 2
+    assert raw(on_device) == raw(source) and raw(transposed) == raw(source.t())
+
+
+def test_a_queued_copy_can_convert_dtypes_and_broadcast():
+    source = torch.tensor([1.5, -2.25, 1e5, 3.0, float("inf")], dtype=torch.float32).pin_memory()
+    half = torch.empty(5, dtype=torch.float16, device="npu:0")
+    rows = torch.empty((3, 5), dtype=torch.float32, device="npu:0")
+    with npu_sim.queue_paused(0):
+        half.copy_(source, non_blocking=True)
+        rows.copy_(source, non_blocking=True)  # a row broadcast to every row of the destination
+        assert npu_sim.queue_depth(0) == 2
+    assert torch.equal(half.cpu(), source.half())
+    assert torch.equal(rows.cpu(), source.expand(3, 5))
+
+
+def test_a_paused_queue_runs_nothing_until_resumed():
+    source = pinned_range(1000)
+    npu_sim.pause_queue(1)
+    try:
+        on_device = source.to("npu:1", non_blocking=True)
+        event = torch.npu.Event()
+        event.record(torch.npu.current_stream(1))
+        assert not event.query() and npu_sim.queue_depth(1) == 1
+        assert npu_sim.queue_depth(0) == 0  # queues are per device
+    finally:
+        npu_sim.resume_queue(1)
+    event.synchronize()
+    assert event.query() and npu_sim.queue_depth(1) == 0
+    assert raw(on_device) == raw(source)
+
+
+def test_overwriting_the_pinned_source_before_the_copy_ran_lands_the_new_bytes():
+    source = pinned_range(4096)
+    old = raw(source)
+    with npu_sim.queue_paused(0):
+        on_device = source.to("npu:0", non_blocking=True)
+        source.fill_(0x5A)  # what a loader does when it refills a staging buffer too early
+    torch.npu.synchronize(0)
+    assert raw(on_device) == bytes([0x5A]) * 4096 != old  # the device read the buffer when the copy ran
+
+
+def test_only_non_blocking_copies_from_pinned_memory_are_queued():
+    pageable = torch.arange(256, dtype=torch.int32)
+    pinned = pageable.pin_memory()
+    with npu_sim.queue_paused(0):
+        from_pageable = pageable.to("npu:0", non_blocking=True)  # pageable: synchronous, as on CUDA
+        blocking = pinned.to("npu:0")  # blocking: synchronous (nothing queued to wait for yet)
+        pageable.fill_(-1)
+        pinned.fill_(-1)
+        assert npu_sim.queue_depth(0) == 0
+    assert torch.equal(from_pageable.cpu(), torch.arange(256, dtype=torch.int32))
+    assert torch.equal(blocking.cpu(), torch.arange(256, dtype=torch.int32))
+    npu_sim.set_async_copies(False)
+    try:
+        with npu_sim.queue_paused(0):
+            pinned.copy_(torch.arange(256, dtype=torch.int32))
+            off = pinned.to("npu:0", non_blocking=True)
+            assert npu_sim.queue_depth(0) == 0
+    finally:
+        npu_sim.set_async_copies(True)
+    assert torch.equal(off.cpu(), torch.arange(256, dtype=torch.int32))
+    assert npu_sim.copy_stats()["async"]["count"] == 0
+
+
+def test_every_other_operation_waits_for_the_queue():
+    """Single-stream order: a blocking copy, a device-to-host copy, fill_, the CPU fallback and a
+    device-to-device copy each see every copy queued before them (and come after them)."""
+    with npu_sim.copy_delay(20_000):  # slow enough that each operation below really has to wait
+        target = torch.zeros(5 * 100, dtype=torch.uint8, device="npu:0")
+        sources = [pinned_range(100, 7 * i) for i in range(5)]
+        with npu_sim.queue_paused(0):
+            for i, source in enumerate(sources):
+                target[100 * i : 100 * (i + 1)].copy_(source, non_blocking=True)
+            assert npu_sim.queue_depth(0) == 5
+        assert npu_sim.copy_stats()["async"]["max_depth"] == 5
+        expected = b"".join(raw(s) for s in sources)
+        assert raw(target) == expected  # .cpu() waited for all five
+
+        target.copy_(pinned_range(500, 3), non_blocking=True)
+        target[:100].copy_(torch.full((100,), 9, dtype=torch.uint8))  # blocking: runs after the queued copy
+        assert raw(target) == bytes([9]) * 100 + raw(pinned_range(500, 3))[100:]
+
+        target.copy_(pinned_range(500, 11), non_blocking=True)
+        target.fill_(4)  # fill_ comes after the queued copy, not before it
+        assert raw(target) == bytes([4]) * 500
+
+        target.copy_(pinned_range(500, 13), non_blocking=True)
+        plus_one = target + 1  # the CPU fallback reads the copied bytes
+        assert raw(plus_one) == raw((pinned_range(500, 13) + 1))
+
+        target.copy_(pinned_range(500, 17), non_blocking=True)
+        on_other = target.to("npu:1")  # device to device
+        assert raw(on_other) == raw(pinned_range(500, 17))
+
+        target.copy_(pinned_range(500, 19), non_blocking=True)
+        target.resize_(1000)  # reallocating keeps the bytes the queued copy wrote
+        assert raw(target[:500]) == raw(pinned_range(500, 19))
+    stats = npu_sim.copy_stats()
+    assert stats["async"]["count"] == 10 and stats["async"]["bytes"] == 5 * 100 + 5 * 500
+
+
+def test_waiting_on_a_paused_queue_is_an_error_not_a_hang():
+    on_device = torch.empty(64, dtype=torch.uint8, device="npu:0")
+    with npu_sim.queue_paused(0):
+        on_device.copy_(pinned_range(64), non_blocking=True)
+        event = torch.npu.Event()
+        event.record()
+        for wait in (torch.npu.synchronize, event.synchronize, on_device.cpu, lambda: on_device.fill_(0),
+                     lambda: npu_sim.synchronize(0), torch.npu.current_stream(0).synchronize):
+            with pytest.raises(RuntimeError, match=r"copy queue of npu:0, which is paused with 1 copy"):
+                wait()
+        torch.npu.synchronize(1)  # the other device's queue is not held
+    assert raw(on_device) == raw(pinned_range(64))
+
+
+def test_events_and_streams_follow_the_queue_across_devices():
+    with npu_sim.queue_paused(0):
+        torch.empty(8, dtype=torch.uint8, device="npu:0").copy_(pinned_range(8), non_blocking=True)
+        on0 = torch.npu.Event()
+        on0.record()
+        torch.npu.current_stream(0).wait_event(on0)  # the same device's stream: already in order, no wait
+        assert not on0.query()
+        assert torch.npu.current_stream(1).query()  # device 1 has nothing queued
+    with npu_sim.copy_delay(100_000):
+        on_device = pinned_range(128).to("npu:1", non_blocking=True)
+        on1 = torch.npu.Event()
+        on1.record(torch.npu.current_stream(1))
+        torch.npu.current_stream(0).wait_event(on1)  # another device's event: waited for until complete
+        assert on1.query()
+    on0.synchronize()
+    assert on0.query()
+    assert raw(on_device) == raw(pinned_range(128))
+    unrecorded = torch.npu.Event()
+    assert unrecorded.query()
+    unrecorded.synchronize()
+
+
+def test_torch_accelerator_synchronize_drains_the_current_device():
+    with npu_sim.copy_delay(50_000):
+        on_device = pinned_range(32).to("npu:0", non_blocking=True)
+        torch.accelerator.synchronize()
+        assert npu_sim.queue_depth(0) == 0
+    assert raw(on_device) == raw(pinned_range(32))
+
+
+def test_freeing_either_side_of_a_queued_copy_is_safe():
+    gc.collect()  # garbage of earlier tests must not be freed between the counts below
+    pinned_before = npu_sim.pinned_bytes_allocated()
+    device_before = npu_sim.bytes_allocated(0)
+    with npu_sim.queue_paused(0):
+        source = pinned_range(3 * MiB)
+        kept = source.to("npu:0", non_blocking=True)
+        dropped = source.to("npu:0", non_blocking=True)
+        del source, dropped  # the queued copies hold both memories
+        assert npu_sim.pinned_bytes_allocated() == pinned_before + 3 * MiB
+        assert npu_sim.bytes_allocated(0) == device_before + 2 * 3 * MiB
+    torch.npu.synchronize()
+    assert raw(kept) == raw(pinned_range(3 * MiB))
+    assert npu_sim.pinned_bytes_allocated() == pinned_before  # released once the copies ran
+    del kept
+    assert npu_sim.bytes_allocated(0) == device_before
+
+
+def test_the_delay_and_the_switch_are_settable():
+    assert npu_sim.copy_delay_us() == 2000
+    with npu_sim.copy_delay(0):
+        assert npu_sim.copy_delay_us() == 0
+    assert npu_sim.copy_delay_us() == 2000
+    with pytest.raises(ValueError, match="copy delay"):
+        npu_sim.set_copy_delay_us(-1)
+    with pytest.raises(ValueError, match="no simulated npu device 2"):
+        npu_sim.pause_queue(2)
+    assert npu_sim.async_copies()
+
+
+def test_the_environment_sets_the_delay_and_can_turn_queuing_off(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import npu_sim, torch; npu_sim.install(2); "
+              "print(npu_sim.copy_delay_us(), npu_sim.async_copies(), flush=True)")
+    tests_dir = str(Path(__file__).resolve().parent)
+    env = dict(os.environ, NPU_SIM_COPY_DELAY_US="12345", NPU_SIM_ASYNC="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.split() == ["12345", "False"], proc.stdout + proc.stderr
+
+
+# ---- the staged loader against the queue ----
+
+@pytest.fixture
+def small_ring(monkeypatch):
+    """Staging buffers of 1 MiB, in a pool of their own (rings made here must not serve later 64 MiB loads)."""
+    import safetensors.torch as st
+
+    monkeypatch.setattr(st, "_STAGING_BYTES", MiB)
+    monkeypatch.setattr(st, "_RINGS", {})
+    return st
+
+
+def save_big(tmp_path, sizes_mib) -> tuple:
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(5)
+    state = {f"t{i}": torch.randint(0, 256, (int(n * MiB),), dtype=torch.uint8, generator=g)
+             for i, n in enumerate(sizes_mib)}
+    path = tmp_path / "big.safetensors"
+    save_file(state, path)
+    return path, state
+
+
+def test_a_staged_load_larger_than_the_ring_is_exact_with_async_copies(tmp_path):
+    import safetensors.torch as st
+
+    ring_bytes = st._STAGING_BUFFERS * st._STAGING_BYTES
+    path, state = save_big(tmp_path, [70, 0.5, 66])  # more than the whole ring: every buffer is refilled
+    nbytes = sum(t.numel() for t in state.values())
+    assert nbytes > ring_bytes
+    loaded = st.load_file(path, device="npu:0")
+    assert all(raw(loaded[k]) == raw(v) for k, v in state.items())
+    stats = npu_sim.copy_stats()
+    assert stats["h2d"]["bytes"] == stats["async"]["bytes"] == nbytes  # every byte went through the queue
+    assert stats["async"]["count"] == stats["h2d"]["count"] == stats["non_blocking"] >= 4
+
+
+@pytest.mark.parametrize("device", ["npu:0", "npu:1"])
+def test_many_refills_of_a_small_ring_are_exact(tmp_path, small_ring, device):
+    st = small_ring
+    path, state = save_big(tmp_path, [5.5, 0.25, 3, 0.001, 4])
+    with npu_sim.copy_delay(5000):
+        loaded = st.load_file(path, device=device, backend="pread")
+    assert all(raw(loaded[k]) == raw(v) for k, v in state.items())
+    assert npu_sim.copy_stats()["async"]["count"] >= 13
+
+
+def expected_corruption(state, chunk: int) -> bytes:
+    """What a 2-buffer ring of ``chunk`` bytes delivers for one tensor of 3 chunks when buffer 0 is refilled
+    before the device copied out of it: chunk 0's copy reads chunk 2, the bytes buffer 0 holds last."""
+    data = raw(state["t0"])
+    assert len(data) == 3 * chunk
+    return data[2 * chunk :] + data[chunk : 2 * chunk] + data[2 * chunk :]
+
+
+def test_negative_control_without_the_event_wait_the_load_is_corrupted(tmp_path, monkeypatch, small_ring):
+    """The loader's own wait is what keeps the load exact: with _StagingRing._wait a no-op and device 0's
+    queue held until the load returns, buffer 0 is refilled before the device copied out of it, every time."""
+    st = small_ring
+    monkeypatch.setattr(st._StagingRing, "_wait", lambda self, i: None)
+    path, state = save_big(tmp_path, [3])
+    npu_sim.set_async_copies(False)  # the simulator's blind spot before it queued copies: the broken loader passes
+    try:
+        with npu_sim.queue_paused(0):
+            assert raw(st.load_file(path, device="npu:0")["t0"]) == raw(state["t0"])
+    finally:
+        npu_sim.set_async_copies(True)
+    with npu_sim.queue_paused(0):
+        loaded = st.load_file(path, device="npu:0")
+        assert npu_sim.queue_depth(0) == 3  # the load returned with its copies still queued
+    torch.npu.synchronize(0)
+    got = raw(loaded["t0"])
+    assert got != raw(state["t0"])
+    assert got == expected_corruption(state, MiB)
+
+
+def test_negative_control_by_delay_alone(tmp_path, monkeypatch, small_ring):
+    """The same without the pause: a 1 s copy delay against refilling a 1 MiB buffer (about a millisecond)."""
+    st = small_ring
+    monkeypatch.setattr(st._StagingRing, "_wait", lambda self, i: None)
+    path, state = save_big(tmp_path, [3])
+    with npu_sim.copy_delay(1_000_000):
+        loaded = st.load_file(path, device="npu:0")
+        got = raw(loaded["t0"])
+    assert got == expected_corruption(state, MiB) != raw(state["t0"])
+
+
+def test_with_the_event_wait_the_loader_waits_for_the_device_before_refilling(tmp_path, small_ring):
+    """The positive control of the negative one: the unmodified loader, with the queue held, must wait for
+    buffer 0's copies before refilling it -- here it meets the paused queue and raises instead of corrupting."""
+    st = small_ring
+    path, state = save_big(tmp_path, [3])
+    with npu_sim.queue_paused(0):
+        with pytest.raises(RuntimeError, match="copy queue of npu:0, which is paused"):
+            st.load_file(path, device="npu:0")
+        assert npu_sim.queue_depth(0) == 2  # buffers 0 and 1 were filled and copied; buffer 0 not refilled
+    torch.npu.synchronize(0)
+    loaded = st.load_file(path, device="npu:0")  # the ring went back to the pool in a usable state
+    assert raw(loaded["t0"]) == raw(state["t0"])

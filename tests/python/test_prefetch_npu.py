@@ -1,0 +1,109 @@
+"""safe_open.prefetch onto the simulated Ascend NPU (tests/python/npu_sim): where the reference refuses every
+device but CUDA, ours loads to ``npu:N`` with the same semantics as on the CPU (test_prefetch.py).
+
+Like test_npu.py, the simulator changes the whole process, so in a process without it these tests run in a
+child pytest, reported by ``test_prefetch_npu_in_a_child_process``."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+import torch
+
+import npu_sim
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+
+@pytest.fixture(autouse=True)
+def _npu(request):
+    if request.node.originalname == "test_prefetch_npu_in_a_child_process":
+        yield
+        return
+    if not npu_sim.may_install_here():
+        pytest.skip("ran in a child process: see test_prefetch_npu_in_a_child_process")
+    npu_sim.install(2)
+    torch.npu.set_device(0)
+    yield
+
+
+def test_prefetch_npu_in_a_child_process():
+    if npu_sim.may_install_here():
+        pytest.skip("this process runs the npu tests itself")
+    proc = npu_sim.run_pytest_child(__file__, "-rfEs")
+    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, f"npu prefetch tests failed in the child process:\n{output}"
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 5, output
+
+
+def raw(t: torch.Tensor) -> bytes:
+    t = t.detach().to("cpu").contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+@pytest.fixture
+def path(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    p = tmp_path / "model.safetensors"
+    save_file({
+        "embed": torch.randn(300, 64, generator=g),
+        "big": torch.randn(80 * 2**20 // 4, generator=g),  # more than one staging buffer (64 MiB)
+        "ids": torch.arange(1000),
+        "half": torch.randn(16, 8, generator=g).to(torch.bfloat16),
+        "fp8": torch.randn(32, generator=g).to(torch.float8_e4m3fn),
+    }, p)
+    return p
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("device", ["npu:0", "npu:1"])
+def test_whole_file_lands_on_the_device(path, backend, device):
+    with safe_open(path, "pt", backend=backend) as f:
+        expected = {n: f.get_tensor(n) for n in f.keys()}
+        with f.prefetch(device=device) as loader:
+            got = dict(loader)
+    assert got.keys() == expected.keys()
+    for name, tensor in got.items():
+        assert tensor.device == torch.device(device), name
+        assert npu_sim.device_of(tensor) == torch.device(device).index
+        assert raw(tensor) == raw(expected[name]), name
+
+
+def test_handle_device_is_the_default_and_rows_come_back_as_rows(tmp_path, path):
+    with safe_open(path, "pt", device="npu:1") as f:
+        cpu = safe_open(path, "pt")
+        with f.prefetch({"embed": slice(10, 20), "ids": slice(-5, None)}) as loader:
+            embed = loader.take("embed")
+            ids = loader.take("ids")
+    assert embed.device == torch.device("npu:1") and embed.shape == (10, 64)
+    assert raw(embed) == raw(cpu.get_tensor("embed")[10:20])
+    assert raw(ids) == raw(cpu.get_tensor("ids")[-5:])
+
+
+def test_two_loaders_on_two_devices_at_once(path):
+    with safe_open(path, "pt") as f:
+        expected = raw(f.get_tensor("big"))
+        a = f.prefetch({"big": None}, device="npu:0")
+        b = f.prefetch({"big": None}, device=1)
+        results = {}
+        threads = [threading.Thread(target=lambda k, l: results.__setitem__(k, l.take("big")), args=(k, l))
+                   for k, l in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        a.close()
+        b.close()
+    assert results["a"].device == torch.device("npu:0") and results["b"].device == torch.device("npu:1")
+    assert raw(results["a"]) == expected and raw(results["b"]) == expected
+
+
+def test_plan_errors_come_before_any_device_work(path):
+    before = npu_sim.bytes_allocated(0)
+    with safe_open(path, "pt", device="npu:0") as f:
+        with pytest.raises(SafetensorError, match="out of range"):
+            f.prefetch({"embed": slice(0, 301)})
+    assert npu_sim.bytes_allocated(0) == before
