@@ -262,6 +262,9 @@ def slab_pool_set_allocator(alloc: Callable[[int], int] | None = None, free: Cal
 def slab_pool_trim() -> None:
     """Frees every idle slab now."""
 
+def slab_pool_reset_peak() -> None:
+    """Restarts the pool's peak_bytes counter from the bytes allocated now."""
+
 def slab_pool_stats() -> dict[str, int]:
     """
     Counters of the process-wide slab pool (bytes allocated now and at peak, slabs in use, ...).
