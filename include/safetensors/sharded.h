@@ -207,7 +207,9 @@ struct ShardPlan {
 
 // Splits `tensors` greedily in input order: a tensor joins the current shard unless that would take the
 // shard over options.max_shard_bytes, in which case it starts the next one. No tensors give no shards and an
-// index with an empty weight_map.
+// index with an empty weight_map, as huggingface_hub's split_torch_state_dict_into_shards({}) gives no files
+// (is_sharded=False); a caller that wants a file for an empty model writes one unsharded file, as
+// save_pretrained does.
 // Errors: kInvalidArgument (a bad prefix, duplicate tensor names, a name that is not valid UTF-8),
 // kValidationOverflow (total_size overflows 64 bits).
 SAFETENSORS_EXPORT Result<ShardPlan> plan_shards(std::span<const TensorData> tensors,
