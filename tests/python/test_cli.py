@@ -918,7 +918,7 @@ def test_diff_input_errors(cli, tmp_path):
     both.mkdir()
     small_file(both / "one.safetensors")
     small_file(both / "two.safetensors")
-    assert_input_error(cli("diff", a, both), "tensor 'b' is in both", "one.safetensors", "two.safetensors")
+    assert_input_error(cli("diff", a, both), "tensor `b` is also in", "one.safetensors", "two.safetensors")
 
 
 # -- helpers of _sharding ----------------------------------------------------------------------------------

@@ -267,3 +267,22 @@ def test_plan_refuses_bad_input():
         _cpp.plan_shards([("a", 1), ("a", 2)], 10)
     with pytest.raises(SafetensorError, match="shard prefix"):
         _cpp.plan_shards([("a", 1)], 10, "a/b")
+
+
+def test_cli_commands_use_the_one_index_check(tmp_path, capsys):
+    tensors = arrays()
+    _cpp.save_sharded(str(tmp_path), specs(tensors), 128)
+    single = tmp_path / "single.safetensors"
+    stnp.save_file(tensors, str(single))
+    assert main(["diff", str(tmp_path / INDEX), str(single)]) == 0
+    assert main(["verify", "-q", str(tmp_path)]) == 0
+    index = json.loads((tmp_path / INDEX).read_text())
+    index["weight_map"]["ghost"] = "model-00001-of-00003.safetensors"
+    (tmp_path / INDEX).write_text(json.dumps(index))
+    shard = tmp_path / "model-00001-of-00003.safetensors"
+    expected = f'File does not contain tensor ghost (TensorNotFound) in "{shard}"'
+    for argv, rc in ((["diff", str(tmp_path), str(single)], 2), (["inspect", str(tmp_path)], 2), (["verify", str(tmp_path)], 1)):
+        capsys.readouterr()
+        assert main(argv) == rc
+        captured = capsys.readouterr()
+        assert expected in captured.out + captured.err, argv

@@ -21,29 +21,33 @@ from .common import (
     _numel,
     _numpy,
     _one_line,
-    _open_shard,
     _resolve,
     _Scratch,
     _shape_text,
 )
 
 class _Side:
-    """One side of a diff: every tensor of a checkpoint by name, and its files' metadata merged."""
+    """One side of a diff: every tensor of a checkpoint by name, and its files' metadata merged. The checkpoint
+    is opened as one ShardedFile: from its index (each shard holding what the index assigns), or from its
+    files (a tensor name in two files is an error), both rules the C++ library's."""
 
     def __init__(self, path: str) -> None:
         checkpoint = _resolve(path)
         self.path = path
-        self.tensors: Dict[str, Tuple["_cpp.File", Info]] = {}
-        where: Dict[str, str] = {}
+        try:
+            if checkpoint.index_path is not None:
+                opened = _cpp.ShardedFile.open_index(checkpoint.index_path, "pread")
+            else:
+                opened = _cpp.ShardedFile.open_files([shard.path for shard in checkpoint.shards], "pread")
+        except (SafetensorError, OSError) as e:
+            raise CliError(_describe_error(e)) from None
+        files = opened.shards
+        self.tensors: Dict[str, Tuple["_cpp.File", Info]] = {
+            name: (files[opened.shard_of(name)], info) for name, info in opened.infos()
+        }
         values: Dict[str, Set[str]] = {}
-        for shard in checkpoint.shards:
-            item = _open_shard(checkpoint, shard)
-            for name, info in item.tensors:
-                if name in self.tensors:
-                    raise CliError(f"{path}: tensor {name!r} is in both {where[name]} and {shard.path}")
-                self.tensors[name] = (item.file, info)
-                where[name] = shard.path
-            for key, value in (item.file.metadata() or {}).items():
+        for file in files:
+            for key, value in (file.metadata() or {}).items():
                 values.setdefault(key, set()).add(value)
         # A key whose value differs between shards of one checkpoint shows all of its values.
         self.metadata = {key: " | ".join(sorted(v)) for key, v in values.items()}
