@@ -12,7 +12,7 @@ ROOT=$PWD
 SECONDS_PER_HARNESS=${1:-60}
 shift $(($# > 0 ? 1 : 0))
 HARNESSES=("$@")
-((${#HARNESSES[@]})) || HARNESSES=(header read slice roundtrip fault)
+((${#HARNESSES[@]})) || HARNESSES=(header read slice roundtrip index fault)
 FUZZ_JOBS=${FUZZ_JOBS:-1}
 BUILD=build/fuzz
 [ -x "$ROOT/.venv/bin/cmake" ] && export PATH="$ROOT/.venv/bin:$PATH"

@@ -298,14 +298,24 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
 }
 
 void advise_fresh_destination(std::span<std::byte> dst) {
-#ifdef MADV_HUGEPAGE
+#ifdef MADV_NOHUGEPAGE
+  // 4 KiB pages, whatever the THP settings, by measurement (issue 16: a 2 GiB, 291-tensor load, each in a new
+  // process, THP enabled always/madvise/never x defrag always/defer/madvise/never, on a 2-CPU VM): filling
+  // fresh memory with 4 KiB pages cost the same ~0.9 CPU-seconds per 2 GB in every setting, while huge pages,
+  // asked for by MADV_HUGEPAGE or given by enabled=always, cost 0.3 to 7 s for the same load: a fault stalls
+  // in direct compaction (defrag madvise/always), and on a VM that reports free memory to its host (virtio
+  // free page reporting) each newly allocated 2 MiB block is faulted in again by the host, with defrag
+  // defer and never too (MADV_HUGEPAGE: 1.9 and 2.3 s there, against 0.6 and 1.0 s). MADV_HUGEPAGE made the
+  // load 2.7x slower than the reference's at the common default (madvise/madvise); no advice leaves
+  // enabled=always to that lottery (0.7 to 2.6 s). Pre-faulting too (MADV_POPULATE_WRITE on 2 threads) saved
+  // ~10% CPU but no wall time consistently, and taking it off the reader threads would need a second pool.
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
-  if (dst.size() < 2 * kHuge) return;
   const auto first = reinterpret_cast<std::uintptr_t>(dst.data());
   const std::uintptr_t begin = (first + kHuge - 1) & ~(kHuge - 1);
   const std::uintptr_t end = (first + dst.size()) & ~(kHuge - 1);
-  // Advice only: a kernel without THP refuses it, and the read works the same.
-  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  // Only whole 2 MiB blocks inside dst can become huge pages that are ours alone to advise. Advice only: a
+  // kernel without THP refuses it, and the read works the same.
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_NOHUGEPAGE);
 #else
   (void)dst;
 #endif

@@ -69,46 +69,34 @@ bool is_safe_shard_name(std::string_view name) {
   return true;
 }
 
-// The index's bytes, followed by simdjson's padding.
-struct IndexText {
-  std::unique_ptr<char[]> bytes;
-  std::size_t size = 0;
-};
+}  // namespace
 
-Result<IndexText> read_index(const std::string& path, std::uint64_t max_bytes) {
+Result<ShardIndex> ShardIndex::read(const std::string& path, std::uint64_t max_bytes) {
   SAFETENSORS_ASSIGN_OR_RETURN(auto source, open_file_source(path, Backend::kPread));
   const std::uint64_t size = source->size();
   if (size > max_bytes || size > SIZE_MAX - simdjson::SIMDJSON_PADDING) {
     return Error::invalid_argument(path, "the index is " + std::to_string(size) + " bytes, above the limit of " +
                                              std::to_string(max_bytes));
   }
-  IndexText text;
-  text.size = static_cast<std::size_t>(size);
-  text.bytes = std::make_unique<char[]>(text.size + simdjson::SIMDJSON_PADDING);
+  std::string text(static_cast<std::size_t>(size), '\0');
   SAFETENSORS_RETURN_IF_ERROR(
-      read_exact(*source, 0, std::span<std::byte>(reinterpret_cast<std::byte*>(text.bytes.get()), text.size),
+      read_exact(*source, 0, std::span<std::byte>(reinterpret_cast<std::byte*>(text.data()), text.size()),
                  "read of the index"));
-  return text;
+  return parse(path, text);
 }
 
-struct ParsedIndex {
-  // weight_map in index order: tensor name, shard name.
-  std::vector<std::pair<std::string, std::string>> weight_map;
-  std::optional<Metadata> metadata;
-  std::optional<std::uint64_t> total_size;
-};
-
-Result<ParsedIndex> parse_index(const std::string& path, const IndexText& text) {
+Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view text) {
   auto bad = [&](const std::string& detail) { return Error::invalid_argument(path, "invalid index: " + detail); };
   simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (auto err = parser.parse(text.bytes.get(), text.size, /*realloc_if_needed=*/false).get(root)) {
-    return bad(simdjson::error_message(err));
-  }
+  // simdjson reads up to SIMDJSON_PADDING bytes past the end; padded_string makes that copy.
+  const simdjson::padded_string padded(text.data(), text.size());
+  if (auto err = parser.parse(padded).get(root)) return bad(simdjson::error_message(err));
   simdjson::dom::object top;
   if (root.get_object().get(top) != simdjson::SUCCESS) return bad("the index must be a JSON object");
 
-  ParsedIndex out;
+  ShardIndex out;
+  out.path = path;
   std::unordered_set<std::string_view> top_keys;
   bool have_weight_map = false;
   for (auto kv : top) {
@@ -149,6 +137,7 @@ Result<ParsedIndex> parse_index(const std::string& path, const IndexText& text) 
         }
       }
       out.metadata = std::move(entries);
+      out.metadata_json = simdjson::minify(kv.value);
     }
     // Any other key is ignored, as transformers ignores it.
   }
@@ -158,63 +147,68 @@ Result<ParsedIndex> parse_index(const std::string& path, const IndexText& text) 
   const std::size_t dup =
       names.build(out.weight_map.size(), [&](std::size_t i) -> std::string_view { return out.weight_map[i].first; });
   if (dup != out.weight_map.size()) return bad("duplicate key " + quote(out.weight_map[dup].first) + " in `weight_map`");
+
+  {
+    std::unordered_set<std::string_view> seen;
+    for (const auto& entry : out.weight_map) {
+      if (seen.insert(entry.second).second) out.shard_names.push_back(entry.second);
+    }
+    std::sort(out.shard_names.begin(), out.shard_names.end());
+  }
+  std::unordered_map<std::string_view, std::uint32_t> shard_number;
+  for (std::size_t i = 0; i < out.shard_names.size(); ++i) {
+    shard_number.emplace(out.shard_names[i], static_cast<std::uint32_t>(i));
+  }
+  out.shard_of.reserve(out.weight_map.size());
+  for (const auto& entry : out.weight_map) out.shard_of.push_back(shard_number.at(entry.second));
   return out;
 }
 
-}  // namespace
+std::string ShardIndex::shard_path(std::size_t s) const { return join_path(dirname_of(path), shard_names[s]); }
+
+std::vector<std::string_view> ShardIndex::assigned(std::size_t s) const {
+  std::vector<std::string_view> names;
+  for (std::size_t i = 0; i < weight_map.size(); ++i) {
+    if (shard_of[i] == s) names.emplace_back(weight_map[i].first);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<std::vector<const TensorInfo*>> ShardIndex::select(const File& shard, std::size_t s) const {
+  if (s >= shard_names.size()) {
+    return Error::invalid_argument(path, "shard " + std::to_string(s) + " of an index naming " +
+                                             std::to_string(shard_names.size()));
+  }
+  std::vector<std::string_view> wanted = assigned(s);
+  for (std::string_view name : wanted) {
+    if (shard.find(name) == nullptr) return Error::tensor_not_found(shard.path(), name);
+  }
+  std::vector<const TensorInfo*> out;
+  out.reserve(wanted.size());
+  for (const TensorInfo& t : shard.tensors()) {
+    if (std::binary_search(wanted.begin(), wanted.end(), std::string_view(t.name))) out.push_back(&t);
+  }
+  return out;
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // Opening
 
 Result<ShardedFile> ShardedFile::open_index(const std::string& index_path, const OpenOptions& options) {
-  SAFETENSORS_ASSIGN_OR_RETURN(IndexText text, read_index(index_path, options.max_header_bytes));
-  SAFETENSORS_ASSIGN_OR_RETURN(ParsedIndex parsed, parse_index(index_path, text));
-
+  SAFETENSORS_ASSIGN_OR_RETURN(ShardIndex index, ShardIndex::read(index_path, options.max_header_bytes));
   auto state = std::make_shared<State>();
   state->index_path = index_path;
   state->context = index_path;
-  state->metadata = std::move(parsed.metadata);
-  state->total_size = parsed.total_size;
-
-  // Distinct shard names, sorted, and each weight_map entry's shard.
-  std::vector<std::string_view> shard_names;
-  {
-    std::unordered_set<std::string_view> seen;
-    for (const auto& [tensor, file] : parsed.weight_map) {
-      if (seen.insert(file).second) shard_names.push_back(file);
-    }
-    std::sort(shard_names.begin(), shard_names.end());
-  }
-  std::unordered_map<std::string_view, std::uint32_t> shard_number;
-  for (std::size_t i = 0; i < shard_names.size(); ++i) shard_number.emplace(shard_names[i], static_cast<std::uint32_t>(i));
-  std::vector<std::uint32_t> assigned(parsed.weight_map.size());
-  std::vector<std::size_t> assigned_count(shard_names.size(), 0);
-  for (std::size_t i = 0; i < parsed.weight_map.size(); ++i) {
-    assigned[i] = shard_number.at(parsed.weight_map[i].second);
-    ++assigned_count[assigned[i]];
-  }
-  internal::NameIndex by_name;
-  by_name.build(parsed.weight_map.size(), [&](std::size_t i) -> std::string_view { return parsed.weight_map[i].first; });
-
-  const std::string dir = dirname_of(index_path);
-  state->shards.reserve(shard_names.size());
-  for (std::size_t s = 0; s < shard_names.size(); ++s) {
-    SAFETENSORS_ASSIGN_OR_RETURN(File shard, File::open(join_path(dir, shard_names[s]), options));
-    // The tensors the index assigns to this shard, in the shard's file order.
-    std::size_t found = 0;
-    for (const TensorInfo& t : shard.tensors()) {
-      const std::int64_t w = by_name.find(t.name, [&](std::size_t i) -> std::string_view { return parsed.weight_map[i].first; });
-      if (w < 0 || assigned[static_cast<std::size_t>(w)] != s) continue;
-      state->tensors.push_back(t);
+  state->metadata = std::move(index.metadata);
+  state->total_size = index.total_size;
+  state->shards.reserve(index.shard_names.size());
+  for (std::size_t s = 0; s < index.shard_names.size(); ++s) {
+    SAFETENSORS_ASSIGN_OR_RETURN(File shard, File::open(index.shard_path(s), options));
+    SAFETENSORS_ASSIGN_OR_RETURN(std::vector<const TensorInfo*> selected, index.select(shard, s));
+    for (const TensorInfo* t : selected) {
+      state->tensors.push_back(*t);
       state->shard_of.push_back(static_cast<std::uint32_t>(s));
-      ++found;
-    }
-    if (found != assigned_count[s]) {
-      for (std::size_t i = 0; i < parsed.weight_map.size(); ++i) {
-        if (assigned[i] == s && shard.find(parsed.weight_map[i].first) == nullptr) {
-          return Error::tensor_not_found(shard.path(), parsed.weight_map[i].first);
-        }
-      }
     }
     state->shards.push_back(std::move(shard));
   }
@@ -522,6 +516,10 @@ Result<ShardPlan> plan_shards(std::span<const TensorData> tensors, const Shardin
   }
   json += "\n}\n";
   return plan;
+}
+
+Status write_index(const std::string& directory, const ShardPlan& plan, const WriteOptions& options) {
+  return write_file_atomically(join_path(directory, plan.index_file_name), plan.index_json, options.fsync);
 }
 
 Result<ShardPlan> save_sharded(const std::string& directory, std::span<const TensorData> tensors,

@@ -152,10 +152,11 @@ class SAFETENSORS_EXPORT File {
   std::shared_ptr<const State> state_;
 };
 
-// A hint that `dst` is freshly allocated memory about to be filled by a read: asks the kernel for transparent
-// huge pages on its 2 MiB-aligned interior, so filling it takes 512 times fewer page faults (Linux with THP in
-// "madvise" mode; a no-op elsewhere and for buffers under 4 MiB). Never fails. The caller must own the whole
-// allocation `dst` lies in: the advice applies to the pages, not to the bytes.
+// A hint that `dst` is freshly allocated memory about to be filled by a read: keeps its 2 MiB-aligned interior
+// on 4 KiB pages (MADV_NOHUGEPAGE; Linux with THP, a no-op elsewhere), whose first-touch cost is the same every
+// time, where a transparent huge page can stall its fault for milliseconds (the measured reason is at the
+// definition, src/file.cc). Never fails. The caller must own the whole allocation `dst` lies in: the advice
+// applies to the pages, not to the bytes.
 SAFETENSORS_EXPORT void advise_fresh_destination(std::span<std::byte> dst);
 
 }  // namespace safetensors

@@ -38,6 +38,46 @@
 
 namespace safetensors {
 
+// A parsed and validated index file (`model.safetensors.index.json`): which shard holds each tensor. This is
+// the one implementation of the index rules; ShardedFile::open_index() is built on it, and it is public so a
+// tool can open and check the shards one at a time (reporting every failing shard, not just the first).
+//
+// Thread safety: immutable once made; safe for concurrent use by multiple threads.
+struct SAFETENSORS_EXPORT ShardIndex {
+  // Reads and parses the index at `path`; an index larger than `max_bytes` is refused.
+  // Errors: kNotFound (no such file), kIo, and those of parse() (context: `path`).
+  static Result<ShardIndex> read(const std::string& path, std::uint64_t max_bytes = kDefaultMaxHeaderBytes);
+  // Parses index text; `path` names it in errors and locates the shards.
+  // Errors: kInvalidArgument (context: `path`) when the text is not valid JSON, is not an object, has a
+  // duplicate key (at any level), has no `weight_map` object, maps a tensor to something other than a string,
+  // names a shard by an empty, absolute or `..`-containing path, or has a `metadata` that is neither an object
+  // nor null. Keys other than `weight_map` and `metadata` are ignored, as transformers ignores them.
+  static Result<ShardIndex> parse(const std::string& path, std::string_view text);
+
+  // The index path as given.
+  std::string path;
+  // `weight_map` in index order: (tensor name, shard name).
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  // As ShardedFile::index_metadata() and total_size().
+  std::optional<Metadata> metadata;
+  std::optional<std::uint64_t> total_size;
+  // The `metadata` object as compact JSON text (values keep their JSON types), nullopt as for `metadata`.
+  std::optional<std::string> metadata_json;
+  // The distinct shard names, sorted by byte order, and for each weight_map entry its shard's position here.
+  std::vector<std::string> shard_names;
+  std::vector<std::uint32_t> shard_of;
+
+  // Shard `s`'s path: its name resolved relative to the index's directory. REQUIRES: s < shard_names.size().
+  std::string shard_path(std::size_t s) const;
+  // The tensor names the index assigns to shard `s`, sorted by byte order.
+  std::vector<std::string_view> assigned(std::size_t s) const;
+  // The tensors of `shard` (the opened file of shard `s`) the index assigns to it, in file order; tensors the
+  // index does not assign to it are left out. This is the one "a shard holds what the index assigns" check.
+  // Errors: kTensorNotFound when the shard lacks an assigned tensor (context: the shard's path; tensor: the
+  // first missing name in byte order); kInvalidArgument when s >= shard_names.size().
+  Result<std::vector<const TensorInfo*>> select(const File& shard, std::size_t s) const;
+};
+
 // The tensors of several safetensors files ("shards") seen as one set of uniquely named tensors.
 //
 // Opened from an index (open_index), only the tensors the index's `weight_map` assigns to a shard are
@@ -167,11 +207,20 @@ struct ShardPlan {
 
 // Splits `tensors` greedily in input order: a tensor joins the current shard unless that would take the
 // shard over options.max_shard_bytes, in which case it starts the next one. No tensors give no shards and an
-// index with an empty weight_map.
+// index with an empty weight_map, as huggingface_hub's split_torch_state_dict_into_shards({}) gives no files
+// (is_sharded=False); a caller that wants a file for an empty model writes one unsharded file, as
+// save_pretrained does.
 // Errors: kInvalidArgument (a bad prefix, duplicate tensor names, a name that is not valid UTF-8),
 // kValidationOverflow (total_size overflows 64 bits).
 SAFETENSORS_EXPORT Result<ShardPlan> plan_shards(std::span<const TensorData> tensors,
                                                  const ShardingOptions& options = {});
+
+// Writes plan.index_json to `directory`/plan.index_file_name atomically: a reader sees the old index or the
+// new one, never part of one. An existing index's permission bits are kept; a new one gets 0666 minus the
+// umask (the process umask is never changed). With options.fsync the data and then the directory are synced,
+// so the new index survives a power loss. Errors: kNotFound (no such directory), kIo.
+SAFETENSORS_EXPORT Status write_index(const std::string& directory, const ShardPlan& plan,
+                                      const WriteOptions& options = {});
 
 // Plans the split, validates every shard's layout (WritePlan::make) before any file is written, writes each
 // shard atomically with FileWriter, then writes the index, atomically too, into `directory`. A crash or an

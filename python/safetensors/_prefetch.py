@@ -6,12 +6,13 @@ The reference loads to CUDA only; this loads to every device torch knows with th
 A plan names tensors, whole or as rows ``[start, stop)`` of the first dimension (a contiguous byte range of
 the file). Every planned piece is validated before anything is read or allocated. Then:
 
-- to the CPU, a pool of ``threads`` readers fills a fresh tensor per piece with positional reads (the GIL
-  released), so pieces land in parallel, each as soon as its bytes are in;
-- to an accelerator, one background thread streams the pieces in file order through the process-wide,
-  page-locked staging ring of the torch adapter (reads overlap the device copies; host staging stays at the
-  ring's size whatever the plan), in batches of about one ring buffer, each batch handed out once its copies
-  completed (so tensors are ready on any stream).
+Both run on the C++ loading engine (``_engine.py`` over include/safetensors/engine.h):
+
+- to the CPU, its ``threads`` reader threads write each piece straight into a fresh tensor (positional reads,
+  no staging copy), and a piece lands as soon as its bytes are in;
+- to an accelerator, the readers fill page-locked slabs of the process-wide, bounded slab pool and one
+  background thread issues the non-blocking device copies out of them; a slab is reused only once its copy
+  completed, and a tensor lands once all of its copies completed (so it is ready on any stream).
 
 Each piece is its own allocation: it is freed once taken and dropped; pieces not taken are held until
 ``close``. The loader keeps the file open (its own reference), so it outlives the ``safe_open`` handle.
@@ -20,7 +21,6 @@ Each piece is its own allocation: it is freed once taken and dropped; pieces not
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import threading
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
@@ -120,20 +120,28 @@ class PrefetchLoader:
         self._taken: set = set()
         self._closed = False
         self._stop = threading.Event()
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._thread: Optional[threading.Thread] = None
+        self._direct: Any = None
         if device.type == "meta":
             for name, piece in pieces:
                 self._land([name], [_meta(piece, device)])
-        elif device.type == "cpu":
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=threads,
-                                                                   thread_name_prefix="safetensors-prefetch")
-            for name, piece in pieces:
-                self._executor.submit(self._load_cpu, name, piece)
+            return
+        # Every destination is allocated now (only the planned bytes); the engine fills them in the background.
+        tensors = [_empty(piece, device) for _, piece in pieces]
+        if device.type == "cpu":
+            from ._engine import DirectLoad
+
+            jobs = [(t.data_ptr(), piece[2], piece[3]) for t, (_, piece) in zip(tensors, pieces)
+                    if piece[3] > piece[2]]
+            for t, (name, piece) in zip(tensors, pieces):
+                if piece[3] == piece[2]:
+                    self._land([name], [t])
+            self._direct = DirectLoad(self._file, jobs, threads)
+            target, args = self._load_cpu, ([(n, t) for t, (n, p) in zip(tensors, pieces) if p[3] > p[2]],)
         else:
-            self._thread = threading.Thread(target=self._load_device, args=(pieces, device), daemon=True,
-                                            name="safetensors-prefetch")
-            self._thread.start()
+            target, args = self._load_device, (pieces, tensors, device)
+        self._thread = threading.Thread(target=target, args=args, daemon=True, name="safetensors-prefetch")
+        self._thread.start()
 
     # -- background work ------------------------------------------------------------------------------------
     def _land(self, names: List[str], tensors: List[Any], error: Optional[BaseException] = None) -> None:
@@ -148,39 +156,47 @@ class PrefetchLoader:
                 self._landed.append(name)
             self._lock.notify_all()
 
-    def _load_cpu(self, name: str, piece: Piece) -> None:
-        if self._stop.is_set():
-            return
+    def _fail_rest(self, error: BaseException) -> None:
+        """Every piece not landed yet gets the readers' error (it stops the whole load)."""
+        with self._lock:
+            rest = [n for n in self._order if n not in self._ready and n not in self._failed and n not in self._taken]
+        self._land(rest, [], error)
+
+    def _load_cpu(self, jobs: List[Tuple[str, Any]]) -> None:
+        # Reader threads write straight into each tensor; a finished job lands its tensor.
         try:
-            tensor = _read_cpu(self._file, piece)
-        except BaseException as e:  # delivered to whoever waits for this tensor
-            self._land([name], [], e)
-            return
-        self._land([name], [tensor])
+            while True:
+                done = self._direct.next_done()
+                if done is None:
+                    return
+                name, tensor = jobs[done]
+                self._land([name], [tensor])
+        except BaseException as e:  # delivered to whoever waits for these tensors
+            if not self._stop.is_set():
+                self._fail_rest(e)
+        finally:
+            self._direct.close()
 
-    def _load_device(self, pieces: List[Tuple[str, Piece]], device: Any) -> None:
-        from .torch import _STAGING_BYTES, _staged_load
+    def _load_device(self, pieces: List[Tuple[str, Piece]], tensors: List[Any], device: Any) -> None:
+        from . import _engine
 
-        # The ring reads one contiguous run of the file per batch: a batch is adjacent pieces (a planned gap,
-        # rows of a tensor or an unplanned tensor, ends it) of about one staging buffer.
-        batch: List[Tuple[str, Piece]] = []
-        size = 0
-        for i, (name, piece) in enumerate(pieces):
-            batch.append((name, piece))
-            size += piece[3] - piece[2]
-            adjacent = i + 1 < len(pieces) and pieces[i + 1][1][2] == piece[3]
-            if size < _STAGING_BYTES and adjacent:
-                continue
-            if self._stop.is_set():
-                return
-            names = [n for n, _ in batch]
-            try:
-                out = _staged_load(self._file, batch, device)
-            except BaseException as e:
-                self._land(names, [], e)
-            else:
-                self._land(names, [out[n] for n in names])
-            batch, size = [], 0
+        # Through the engine's slabs; a tensor lands once its copies completed (ready on any stream).
+        planned = [(i, t, piece) for i, (t, (_, piece)) in enumerate(zip(tensors, pieces))]
+        for i, t, piece in planned:
+            if piece[3] == piece[2]:
+                self._land([pieces[i][0]], [t])
+        moving = [(i, t, piece) for i, t, piece in planned if piece[3] > piece[2]]
+        jobs = [(t.reshape(-1).view(torch_uint8()), piece[2], piece[3]) for _, t, piece in moving]
+
+        def landed(job: int) -> None:
+            i = moving[job][0]
+            self._land([pieces[i][0]], [tensors[i]])
+
+        try:
+            _engine.stream_to_device(self._file, jobs, device, on_piece=landed, stop=self._stop)
+        except BaseException as e:
+            if not self._stop.is_set():
+                self._fail_rest(e)
 
     # -- the API --------------------------------------------------------------------------------------------
     def names(self) -> List[str]:
@@ -236,8 +252,8 @@ class PrefetchLoader:
             self._failed.clear()
             self._landed.clear()
             self._lock.notify_all()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._direct is not None:
+            self._direct.cancel()
         if self._thread is not None:
             self._thread.join()
 
@@ -285,16 +301,19 @@ class TensorStream:
         return item
 
 
-def _read_cpu(file: Any, piece: Piece) -> Any:
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _empty(piece: Piece, device: Any) -> Any:
     import torch
 
     from .torch import _torch_dtype, _torch_shape
 
-    code, shape, begin, end = piece
-    tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device="cpu")
-    if end > begin:
-        file.read_range(begin, tensor.data_ptr(), end - begin)
-    return tensor
+    code, shape, _, _ = piece
+    return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)
 
 
 def _meta(piece: Piece, device: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Checkpoints made of several files: what a path names, index files, sizes and the shard plan.
+"""What a command-line path names, and sizes for people; every index rule is the C++ library's.
 
 A checkpoint is one ``.safetensors`` file, a directory, or an index file in the layout transformers writes::
 
@@ -6,7 +6,10 @@ A checkpoint is one ``.safetensors`` file, a directory, or an index file in the 
     model-00001-of-00002.safetensors
     model-00002-of-00002.safetensors
 
-Nothing here reads tensor data or needs a framework; the command-line tool (``_cli.py``) builds on it.
+Parsing and validating an index, the "a shard holds what the index assigns" check, the split, the shard file
+names, the index text and its atomic write are ``_safetensors_cpp.ShardIndex``, ``ShardedFile``,
+``plan_shards``, ``write_index`` and ``save_sharded`` (include/safetensors/sharded.h). What is left here only
+Python knows: size strings (``parse_size``/``format_size``) and what a path argument names (``resolve``).
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import _safetensors_cpp as _cpp
+from ._safetensors_cpp import SafetensorError
 
 __all__ = [
     "Checkpoint",
@@ -28,8 +33,6 @@ __all__ = [
     "plan_shards",
     "read_index",
     "resolve",
-    "shard_file_names",
-    "write_index",
 ]
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -42,28 +45,32 @@ class CheckpointError(Exception):
 
 
 class IndexFormatError(CheckpointError):
-    """An index file that exists but is not a valid index (bad JSON, wrong schema, unsafe shard names)."""
+    """An index file that exists but is not a valid index (the C++ library's message, naming the index)."""
 
 
 @dataclass
 class Shard:
-    """One safetensors file of a checkpoint. ``names`` are the tensors an index assigns to it, in the index's
-    order (sorted); None means every tensor the file holds (no index)."""
+    """One safetensors file of a checkpoint. ``names`` are the tensors an index assigns to it, sorted; None
+    means every tensor the file holds (no index). ``position`` is its place in the index's ``shard_names``,
+    what ``ShardIndex.select`` takes."""
 
     path: str
     names: Optional[List[str]] = None
+    position: Optional[int] = None
 
 
 @dataclass
 class Checkpoint:
     """What a command-line path names: ``kind`` is ``"file"``, ``"directory"`` or ``"index"``; ``shards`` are
-    in file-name order. ``index_path``/``index_metadata`` are set when an index file describes the shards."""
+    in file-name order. ``index_path``/``index_metadata``/``index`` are set when an index file describes the
+    shards."""
 
     path: str
     kind: str
     shards: List[Shard] = field(default_factory=list)
     index_path: Optional[str] = None
     index_metadata: Optional[Dict[str, Any]] = None
+    index: Optional["_cpp.ShardIndex"] = field(default=None, compare=False, repr=False)
 
 
 # -- sizes -------------------------------------------------------------------------------------------------
@@ -112,108 +119,31 @@ def format_size(nbytes: int) -> str:
     return f"{value:.1f} {unit}"
 
 
-# -- the shard plan ----------------------------------------------------------------------------------------
+# -- the shard plan and the index (the C++ library's) -----------------------------------------------------
 
-def plan_shards(sizes: Sequence[Tuple[str, int]], max_shard_bytes: int) -> List[List[str]]:
-    """Splits ``[(name, nbytes)]`` into shards of at most ``max_shard_bytes`` of tensor data, the way
-    huggingface_hub's ``split_torch_state_dict_into_shards`` does, so converted checkpoints are laid out like
-    ``save_pretrained`` output: tensors are taken in order and a shard is closed when the next tensor would
-    overflow it; a tensor larger than the limit gets a shard of its own, placed where it was met."""
-    shards: List[List[str]] = []
-    current: List[str] = []
-    current_bytes = 0
-    for name, nbytes in sizes:
-        if nbytes > max_shard_bytes:
-            shards.append([name])
-            continue
-        if current and current_bytes + nbytes > max_shard_bytes:
-            shards.append(current)
-            current, current_bytes = [], 0
-        current.append(name)
-        current_bytes += nbytes
-    if current or not shards:
-        shards.append(current)
-    return shards
+def plan_shards(sizes: Sequence[Tuple[str, int]], max_shard_bytes: int, prefix: str = "model") -> "_cpp.ShardPlan":
+    """The C++ split of ``[(name, nbytes)]`` (huggingface_hub's: tensors in order fill a shard, closed when the
+    next would overflow it; a tensor over the limit is a shard of its own), with shard file names and the
+    index text. No tensors give no shards, as in huggingface_hub."""
+    return _cpp.plan_shards(list(sizes), max_shard_bytes, prefix)
 
 
-def shard_file_names(stem: str, count: int) -> List[str]:
-    """``model-00001-of-00003.safetensors`` ... for ``stem="model"``, as transformers names shards."""
-    return [f"{stem}-{i:05d}-of-{count:05d}{SAFETENSORS_SUFFIX}" for i in range(1, count + 1)]
-
-
-def write_index(path: str, total_size: int, weight_map: Dict[str, str]) -> None:
-    """Writes an index the way transformers does (two-space indent, sorted keys, final newline), atomically:
-    a reader never sees half an index."""
-    document = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
-    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".index-", suffix=".tmp", dir=directory)
+def read_index(path: str) -> "_cpp.ShardIndex":
+    """The parsed, validated index at ``path``. Raises IndexFormatError (the library's message, naming
+    ``path``) for an invalid index, or OSError."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(temp, 0o666 & ~_umask())
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
+        return _cpp.ShardIndex.read(path)
+    except OSError:
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-# -- reading a checkpoint path -----------------------------------------------------------------------------
-
-def _reject_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def read_index(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """``(metadata, weight_map)`` of an index file. Shard names must be plain relative paths (no absolute path,
-    no ``..``); duplicate keys are an error. Raises IndexFormatError (naming ``path``), or OSError."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise IndexFormatError(f"{path}: not a valid index file: {e}") from None
-    if not isinstance(document, dict):
-        raise IndexFormatError(f"{path}: not a valid index file: expected a JSON object")
-    metadata = document.get("metadata")
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, dict):
-        raise IndexFormatError(f'{path}: not a valid index file: "metadata" must be an object')
-    weight_map = document.get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise IndexFormatError(f'{path}: not a valid index file: no "weight_map" object')
-    for name, shard in weight_map.items():
-        if not isinstance(shard, str) or not shard:
-            raise IndexFormatError(f"{path}: not a valid index file: tensor {name!r} maps to {shard!r}, not a file name")
-        parts = shard.replace("\\", "/").split("/")
-        if os.path.isabs(shard) or ".." in parts:
-            raise IndexFormatError(f"{path}: shard {shard!r} (for tensor {name!r}) is outside the index's directory")
-    return metadata, weight_map
+    except SafetensorError as e:
+        raise IndexFormatError(" ".join(str(e).split())) from None
 
 
 def _from_index(path: str, kind: str, shown: str) -> Checkpoint:
-    metadata, weight_map = read_index(path)
-    directory = os.path.dirname(path)
-    by_file: Dict[str, List[str]] = {}
-    for name in sorted(weight_map):
-        by_file.setdefault(weight_map[name], []).append(name)
-    shards = [Shard(os.path.join(directory, file), names) for file, names in sorted(by_file.items())]
-    return Checkpoint(shown, kind, shards, index_path=path, index_metadata=metadata)
+    index = read_index(path)
+    metadata = json.loads(index.metadata_json) if index.metadata_json is not None else {}
+    shards = [Shard(index.shard_path(s), index.assigned(s), s) for s in range(len(index.shard_names))]
+    return Checkpoint(shown, kind, shards, index_path=path, index_metadata=metadata, index=index)
 
 
 def resolve(path: str) -> Checkpoint:

@@ -691,16 +691,7 @@ def _read_chunk(file: Any, offset: int, dst: torch.Tensor) -> None:
     if dst.device.type == "cpu":
         file.read_range(offset, dst.data_ptr(), dst.numel())
         return
-    # Accelerators: through the torch adapter's pinned staging ring, as every materialized device load.
-    from . import torch as adapter
+    # Accelerators: through the loading engine's pinned slabs, as every materialized device load.
+    from . import _engine
 
-    with adapter._RINGS_LOCK:
-        pool = adapter._RINGS.setdefault(dst.device.type, [])
-        ring = pool.pop() if pool else None
-    if ring is None:
-        ring = adapter._StagingRing(dst.device.type)
-    try:
-        ring.load(file, [(dst, offset, offset + dst.numel())], dst.device)
-    finally:
-        with adapter._RINGS_LOCK:
-            adapter._RINGS[dst.device.type].append(ring)
+    _engine.fill(file, [(dst, offset, offset + dst.numel())], dst.device)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import threading
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
@@ -75,88 +74,13 @@ def _torch_dtype(code: str) -> torch.dtype:
     return dtype
 
 
-# -- accelerators: a reused staging ring -------------------------------------------------------------------
-
-_STAGING_BUFFERS = 2
-_STAGING_BYTES = 64 << 20
-
-
-class _StagingRing:
-    """Host buffers through which materialized loads reach an accelerator, page-locked where torch offers
-    pinned memory for it. The file is read into one buffer (threads, GIL released) while the device copies
-    out of the other asynchronously, so reads and transfers overlap; host memory stays at
-    _STAGING_BUFFERS x _STAGING_BYTES whatever the model size, and the device receives only the tensors."""
-
-    def __init__(self, device_type: str) -> None:
-        module = torch.get_device_module(device_type)
-        self.pinned = True
-        self.buffers: List[torch.Tensor] = []
-        for _ in range(_STAGING_BUFFERS):
-            try:
-                buffer = torch.empty(_STAGING_BYTES, dtype=torch.uint8, device="cpu", pin_memory=True)
-            except RuntimeError:  # no pinned-memory allocator for this backend: pageable copies
-                buffer = torch.empty(_STAGING_BYTES, dtype=torch.uint8, device="cpu")
-                self.pinned = False
-            self.buffers.append(buffer)
-        self.event_type = getattr(module, "Event", None)
-        self.current_stream = getattr(module, "current_stream", None)
-        self.events: List[Any] = [None] * _STAGING_BUFFERS
-
-    def _wait(self, i: int) -> None:
-        if self.events[i] is not None:
-            self.events[i].synchronize()
-            self.events[i] = None
-
-    def load(self, file: Any, jobs: List[Tuple[torch.Tensor, int, int]], device: torch.device) -> None:
-        """Fills each destination byte view (on ``device``) with data-buffer bytes [begin, end), for jobs in
-        file order (adjacent ranges, as validation guarantees, so a buffer holds a run of consecutive
-        tensors)."""
-        current = 0
-        used = 0
-        start = jobs[0][1] if jobs else 0
-        copies: List[Tuple[torch.Tensor, int, int, int]] = []  # (destination, its offset, buffer offset, bytes)
-
-        def flush() -> None:
-            nonlocal current, used, copies
-            if not used:
-                return
-            buffer = self.buffers[current]
-            self._wait(current)  # the device has finished reading this buffer's previous contents
-            file.read_range(start, buffer.data_ptr(), used)
-            for dst, dst_off, buf_off, n in copies:
-                dst[dst_off : dst_off + n].copy_(buffer[buf_off : buf_off + n], non_blocking=self.pinned)
-            if self.event_type is not None:
-                # The copies run on the destination device's current stream, which is not the current
-                # device's when loading to another index: record there.
-                event = self.event_type()
-                event.record(self.current_stream(device) if self.current_stream is not None else None)
-                self.events[current] = event
-            current = (current + 1) % len(self.buffers)
-            used = 0
-            copies = []
-
-        for dst, begin, end in jobs:
-            pos = begin
-            while pos < end:
-                if not used:
-                    start = pos
-                n = min(end - pos, _STAGING_BYTES - used)
-                copies.append((dst, pos - begin, used, n))
-                used += n
-                pos += n
-                if used == _STAGING_BYTES:
-                    flush()
-        flush()
-        for i in range(len(self.buffers)):
-            self._wait(i)
-
-
-_RINGS: Dict[str, List[_StagingRing]] = {}
-_RINGS_LOCK = threading.Lock()
-
+# -- accelerators: the loading engine -----------------------------------------------------------------------
 
 def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]], device: torch.device) -> Dict[str, torch.Tensor]:
-    """Allocates every tensor on ``device`` and fills it through a staging ring (one per concurrent load)."""
+    """Allocates every tensor on ``device`` and fills it through the engine (``_engine.py``): reader threads
+    into page-locked slabs of the process-wide pool, non-blocking copies to the device."""
+    from . import _engine
+
     out: Dict[str, torch.Tensor] = {}
     jobs = []
     for name, (code, shape, begin, end) in infos:
@@ -164,30 +88,20 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
         out[name] = tensor
         if end > begin:
             jobs.append((tensor.reshape(-1).view(torch.uint8), begin, end))
-    if not jobs:
-        return out
-    with _RINGS_LOCK:
-        pool = _RINGS.setdefault(device.type, [])
-        ring = pool.pop() if pool else None
-    if ring is None:
-        ring = _StagingRing(device.type)
-    try:
-        ring.load(file, jobs, device)
-    finally:
-        with _RINGS_LOCK:
-            _RINGS[device.type].append(ring)
+    _engine.fill(file, jobs, device)
     return out
 
 
 def _stages(device: torch.device) -> bool:
-    """True for accelerators whose torch module supports the staged path (cuda, npu, xpu, ...)."""
+    """True for accelerators whose torch module has streams and events (cuda, npu, xpu, PrivateUse1 ...): the
+    engine's staged path. Others get a CPU read and ``.to(device)``."""
     if device.type in ("cpu", "meta"):
         return False
     try:
-        torch.get_device_module(device.type)
+        module = torch.get_device_module(device.type)
     except (RuntimeError, AttributeError):
         return False
-    return True
+    return hasattr(module, "Event") and hasattr(module, "current_stream")
 
 
 # -- the framework adapter ----------------------------------------------------------------------------------

@@ -316,6 +316,9 @@ void bind_engine(nb::module_& m, void (*raise)(Error)) {
   m.def(
       "slab_pool_trim", [] { SlabPool::global().trim(); }, nb::call_guard<nb::gil_scoped_release>(),
       "Frees every idle slab now.");
+  m.def(
+      "slab_pool_reset_peak", [] { SlabPool::global().reset_peak(); },
+      "Restarts the pool's peak_bytes counter from the bytes allocated now.");
   m.def("slab_pool_stats", &pool_stats, nb::sig("def slab_pool_stats() -> dict[str, int]"),
         "Counters of the process-wide slab pool (bytes allocated now and at peak, slabs in use, ...).");
 }

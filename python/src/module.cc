@@ -34,6 +34,7 @@
 #include "safetensors/writer.h"
 
 #include "engine_binding.h"
+#include "sharded_binding.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -709,4 +710,5 @@ NB_MODULE(_safetensors_cpp, m) {
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;
   bind_engine(m, [](Error e) { throw TranslatedError{std::move(e), Op::kOther}; });
+  bind_sharded(m, [](Error e) { throw TranslatedError{std::move(e), Op::kOther}; });
 }

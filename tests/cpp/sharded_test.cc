@@ -147,6 +147,76 @@ TEST(ShardedWriteTest, NoTensorsGiveAnEmptyIndexThatOpens) {
   EXPECT_EQ(ckpt->total_size(), 0u);
 }
 
+// huggingface_hub's split_torch_state_dict_into_shards({}) gives no files and total_size 0 (is_sharded=False):
+// the plan matches it, and a caller that wants one file (the CLI's convert) writes an empty single file.
+TEST(ShardedWriteTest, TheEmptyPlanMatchesHuggingfaceHub) {
+  auto plan = plan_shards(std::span<const TensorData>{}, {.max_shard_bytes = 10});
+  ASSERT_ST_OK(plan);
+  EXPECT_TRUE(plan->shards.empty());
+  EXPECT_EQ(plan->total_size, 0u);
+}
+
+TEST(ShardedWriteTest, WriteIndexKeepsModeBitsAndSyncsWhenAsked) {
+  TempDir dir;
+  Fixture fx = model(3);
+  auto plan = plan_shards(fx.tensors, {.max_shard_bytes = 1});
+  ASSERT_ST_OK(plan);
+  const std::string index = dir.file(plan->index_file_name);
+  test::write_bytes(index, "old");
+  ASSERT_EQ(::chmod(index.c_str(), 0604), 0);
+  ASSERT_ST_OK(write_index(dir.path().string(), *plan, {.fsync = true}));
+  EXPECT_EQ(test::read_bytes(index), plan->index_json);
+  struct stat st;
+  ASSERT_EQ(::stat(index.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0604u);
+  EXPECT_EQ(dir_listing(dir), std::vector<std::string>{plan->index_file_name});  // no temporary left
+  EXPECT_ST_ERROR(write_index(dir.file("missing"), *plan), kNotFound);
+}
+
+// ShardIndex is what open_index() and the CLI's verify check shards with, one shard at a time.
+TEST(ShardIndexTest, ParsesAssignsAndSelectsPerShard) {
+  auto index = ShardIndex::parse("/d/m.json",
+                                 R"({"metadata": {"total_size": 7, "x": "y"}, "other": 1,
+                                     "weight_map": {"b": "s2", "a": "s1", "c": "s2"}})");
+  ASSERT_ST_OK(index);
+  EXPECT_EQ(index->shard_names, (std::vector<std::string>{"s1", "s2"}));
+  EXPECT_EQ(index->shard_path(1), "/d/s2");
+  EXPECT_EQ(index->assigned(1), (std::vector<std::string_view>{"b", "c"}));
+  EXPECT_EQ(index->total_size, 7u);
+  EXPECT_EQ(index->metadata_json, R"({"total_size":7,"x":"y"})");
+  EXPECT_EQ(*index->metadata, (Metadata{{"total_size", "7"}, {"x", "y"}}));
+
+  TempDir dir;
+  Fixture fx;
+  fx.data.reserve(3);
+  fx.add("c", Dtype::kU8, {1}, 1);
+  fx.add("b", Dtype::kU8, {1}, 2);
+  fx.add("stale", Dtype::kU8, {1}, 3);
+  ASSERT_ST_OK(save_file(dir.file("s2"), fx.tensors));
+  auto shard = File::open(dir.file("s2"));
+  ASSERT_ST_OK(shard);
+  auto selected = index->select(*shard, 1);
+  ASSERT_ST_OK(selected);
+  std::vector<std::string> names;
+  for (const TensorInfo* t : *selected) names.emplace_back(t->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"b", "c"}));  // file order (b sorts first by alignment, then name)
+  auto missing = index->select(*shard, 0);
+  EXPECT_ST_ERROR(missing, kTensorNotFound);
+  EXPECT_EQ(missing.error().context(), dir.file("s2"));
+  EXPECT_EQ(missing.error().tensor(), "a");
+  EXPECT_ST_ERROR(index->select(*shard, 2), kInvalidArgument);
+
+  for (const char* bad : {"{", "[]", R"({"weight_map": []})", R"({"weight_map": {"a": "x", "a": "y"}})",
+                          R"({"weight_map": {"a": "../x"}})", R"({"weight_map": {}, "metadata": 3})"}) {
+    auto r = ShardIndex::parse("m.json", bad);
+    SCOPED_TRACE(bad);
+    EXPECT_ST_ERROR(r, kInvalidArgument);
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().context(), "m.json");
+    }
+  }
+}
+
 TEST(ShardedWriteTest, RefusesBadInputsBeforeWritingAnything) {
   TempDir dir;
   Fixture fx = model(6);

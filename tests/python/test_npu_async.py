@@ -1,7 +1,8 @@
 """The simulated NPU's asynchronous copies (tests/python/npu_sim): non-blocking host-to-device copies from pinned
 memory are queued on the destination device's one stream and run later, reading the pinned bytes only then, as
-on a real device; everything else waits for the queue; events and streams follow it. Then the staged loader
-(safetensors.torch._StagingRing) against it: byte-exact with its event waits, corrupted without them.
+on a real device; everything else waits for the queue; events and streams follow it. Then the loading
+engine's staged path (safetensors._engine over the C++ slab pool) against it: byte-exact with its event
+waits, corrupted without them.
 
 Outcomes never depend on timing: what has or has not run is decided by ``npu_sim.pause_queue`` (or, in one
 test, by a copy delay a thousand times longer than the work it races). Like test_npu_sim.py, the simulator
@@ -293,43 +294,60 @@ def test_the_environment_sets_the_delay_and_can_turn_queuing_off(tmp_path):
 # ---- the staged loader against the queue ----
 
 @pytest.fixture
-def small_ring(monkeypatch):
-    """Staging buffers of 1 MiB, in a pool of their own (rings made here must not serve later 64 MiB loads)."""
+def small_pool(monkeypatch):
+    """The engine's slab pool shrunk to two 1 MiB slabs and one reader thread (slabs taken in file order), so
+    which slab a chunk lands in is fixed; restored afterwards."""
     import safetensors.torch as st
+    from safetensors import _engine
 
-    monkeypatch.setattr(st, "_STAGING_BYTES", MiB)
-    monkeypatch.setattr(st, "_RINGS", {})
-    return st
+    monkeypatch.setattr(_engine, "READER_THREADS", 1)
+    _engine._cpp.slab_pool_set_slab_bytes(MiB)
+    _engine.set_staging_capacity(2 * MiB)
+    yield st
+    _engine.set_staging_capacity(256 * MiB)
+    _engine._cpp.slab_pool_set_slab_bytes(8 * MiB)
 
 
-def save_big(tmp_path, sizes_mib) -> tuple:
+def save_big(tmp_path, sizes_mib, data_at_mib: bool = False) -> tuple:
+    """A file of uint8 tensors of the given sizes. ``data_at_mib``: metadata pads the header so the data
+    buffer starts exactly 1 MiB into the file, so 1 MiB engine reads (cut at page boundaries of the file)
+    are exactly the tensor's 1 MiB chunks."""
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(5)
     state = {f"t{i}": torch.randint(0, 256, (int(n * MiB),), dtype=torch.uint8, generator=g)
              for i, n in enumerate(sizes_mib)}
     path = tmp_path / "big.safetensors"
-    save_file(state, path)
+    if not data_at_mib:
+        save_file(state, path)
+        return path, state
+    save_file(state, path, metadata={"pad": ""})
+    raw_header = path.read_bytes()[8 : 8 + int.from_bytes(path.read_bytes()[:8], "little")]
+    unpadded = len(raw_header.rstrip(b" "))
+    save_file(state, path, metadata={"pad": "x" * (MiB - 8 - unpadded)})
+    assert 8 + int.from_bytes(path.read_bytes()[:8], "little") == MiB
     return path, state
 
 
-def test_a_staged_load_larger_than_the_ring_is_exact_with_async_copies(tmp_path):
+def test_a_staged_load_larger_than_the_pool_is_exact_with_async_copies(tmp_path):
     import safetensors.torch as st
+    from safetensors import _engine
 
-    ring_bytes = st._STAGING_BUFFERS * st._STAGING_BYTES
-    path, state = save_big(tmp_path, [70, 0.5, 66])  # more than the whole ring: every buffer is refilled
+    path, state = save_big(tmp_path, [170, 0.5, 96])  # more than the whole 256 MiB pool: slabs are reused
     nbytes = sum(t.numel() for t in state.values())
-    assert nbytes > ring_bytes
+    assert nbytes > 256 * MiB
+    _engine.reset_staging_peak()
     loaded = st.load_file(path, device="npu:0")
     assert all(raw(loaded[k]) == raw(v) for k, v in state.items())
     stats = npu_sim.copy_stats()
     assert stats["h2d"]["bytes"] == stats["async"]["bytes"] == nbytes  # every byte went through the queue
-    assert stats["async"]["count"] == stats["h2d"]["count"] == stats["non_blocking"] >= 4
+    assert stats["async"]["count"] == stats["h2d"]["count"] == stats["non_blocking"] >= 34
+    assert _engine.staging_stats()["peak_bytes"] <= 256 * MiB
 
 
 @pytest.mark.parametrize("device", ["npu:0", "npu:1"])
-def test_many_refills_of_a_small_ring_are_exact(tmp_path, small_ring, device):
-    st = small_ring
+def test_many_refills_of_a_small_pool_are_exact(tmp_path, small_pool, device):
+    st = small_pool
     path, state = save_big(tmp_path, [5.5, 0.25, 3, 0.001, 4])
     with npu_sim.copy_delay(5000):
         loaded = st.load_file(path, device=device, backend="pread")
@@ -337,20 +355,34 @@ def test_many_refills_of_a_small_ring_are_exact(tmp_path, small_ring, device):
     assert npu_sim.copy_stats()["async"]["count"] >= 13
 
 
-def expected_corruption(state, chunk: int) -> bytes:
-    """What a 2-buffer ring of ``chunk`` bytes delivers for one tensor of 3 chunks when buffer 0 is refilled
-    before the device copied out of it: chunk 0's copy reads chunk 2, the bytes buffer 0 holds last."""
-    data = raw(state["t0"])
-    assert len(data) == 3 * chunk
-    return data[2 * chunk :] + data[chunk : 2 * chunk] + data[2 * chunk :]
+def assert_corrupted(got: bytes, data: bytes) -> None:
+    """Three 1 MiB chunks through two slabs, every copy deferred and every slab handed back at once: some slab
+    takes a later chunk before the device copied the earlier one out of it, so an earlier chunk arrives
+    with a later chunk's bytes (which slab is reused first is the pool's choice; that one is always wrong is
+    certain). The last chunk is always right: nothing overwrites its slab."""
+    chunks = [data[k * MiB : (k + 1) * MiB] for k in range(3)]
+    delivered = [got[k * MiB : (k + 1) * MiB] for k in range(3)]
+    assert got != data
+    assert all(d in chunks for d in delivered)  # whole chunks, from the wrong slab contents
+    assert delivered[2] == chunks[2]
+    assert any(delivered[k] == chunks[j] for k in range(2) for j in range(k + 1, 3))
 
 
-def test_negative_control_without_the_event_wait_the_load_is_corrupted(tmp_path, monkeypatch, small_ring):
-    """The loader's own wait is what keeps the load exact: with _StagingRing._wait a no-op and device 0's
-    queue held until the load returns, buffer 0 is refilled before the device copied out of it, every time."""
-    st = small_ring
-    monkeypatch.setattr(st._StagingRing, "_wait", lambda self, i: None)
-    path, state = save_big(tmp_path, [3])
+def without_the_event_wait(monkeypatch):
+    """The loader believing every copy complete at once: it returns slabs to the pool while the device still
+    has to copy out of them."""
+    from safetensors import _engine
+
+    monkeypatch.setattr(_engine, "_done", lambda event: True)
+    monkeypatch.setattr(_engine, "_await", lambda event: None)
+
+
+def test_negative_control_without_the_event_wait_the_load_is_corrupted(tmp_path, monkeypatch, small_pool):
+    """The loader's own wait is what keeps the load exact: without it and with device 0's queue held until
+    the load returns, the first slab is refilled before the device copied out of it, every time."""
+    st = small_pool
+    without_the_event_wait(monkeypatch)
+    path, state = save_big(tmp_path, [3], data_at_mib=True)
     npu_sim.set_async_copies(False)  # the simulator's blind spot before it queued copies: the broken loader passes
     try:
         with npu_sim.queue_paused(0):
@@ -361,31 +393,30 @@ def test_negative_control_without_the_event_wait_the_load_is_corrupted(tmp_path,
         loaded = st.load_file(path, device="npu:0")
         assert npu_sim.queue_depth(0) == 3  # the load returned with its copies still queued
     torch.npu.synchronize(0)
-    got = raw(loaded["t0"])
-    assert got != raw(state["t0"])
-    assert got == expected_corruption(state, MiB)
+    assert_corrupted(raw(loaded["t0"]), raw(state["t0"]))
 
 
-def test_negative_control_by_delay_alone(tmp_path, monkeypatch, small_ring):
-    """The same without the pause: a 1 s copy delay against refilling a 1 MiB buffer (about a millisecond)."""
-    st = small_ring
-    monkeypatch.setattr(st._StagingRing, "_wait", lambda self, i: None)
-    path, state = save_big(tmp_path, [3])
+def test_negative_control_by_delay_alone(tmp_path, monkeypatch, small_pool):
+    """The same without the pause: a 1 s copy delay against refilling a 1 MiB slab (about a millisecond)."""
+    st = small_pool
+    without_the_event_wait(monkeypatch)
+    path, state = save_big(tmp_path, [3], data_at_mib=True)
     with npu_sim.copy_delay(1_000_000):
         loaded = st.load_file(path, device="npu:0")
         got = raw(loaded["t0"])
-    assert got == expected_corruption(state, MiB) != raw(state["t0"])
+    assert_corrupted(got, raw(state["t0"]))
 
 
-def test_with_the_event_wait_the_loader_waits_for_the_device_before_refilling(tmp_path, small_ring):
+def test_with_the_event_wait_the_loader_waits_for_the_device_before_refilling(tmp_path, small_pool):
     """The positive control of the negative one: the unmodified loader, with the queue held, must wait for
-    buffer 0's copies before refilling it -- here it meets the paused queue and raises instead of corrupting."""
-    st = small_ring
-    path, state = save_big(tmp_path, [3])
+    the first slab's copy before that slab is refilled -- here it meets the paused queue and raises instead
+    of corrupting."""
+    st = small_pool
+    path, state = save_big(tmp_path, [3], data_at_mib=True)
     with npu_sim.queue_paused(0):
         with pytest.raises(RuntimeError, match="copy queue of npu:0, which is paused"):
             st.load_file(path, device="npu:0")
-        assert npu_sim.queue_depth(0) == 2  # buffers 0 and 1 were filled and copied; buffer 0 not refilled
+        assert npu_sim.queue_depth(0) in (1, 2)  # at most both slabs copied; neither refilled
     torch.npu.synchronize(0)
-    loaded = st.load_file(path, device="npu:0")  # the ring went back to the pool in a usable state
+    loaded = st.load_file(path, device="npu:0")  # the pool is in a usable state after the failed load
     assert raw(loaded["t0"]) == raw(state["t0"])

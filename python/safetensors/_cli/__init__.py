@@ -1,0 +1,138 @@
+"""The ``safetensors`` command-line tool: inspect, verify, convert and diff checkpoints.
+
+One module per command (inspect, verify, convert, diff) over ``common``; also runs as ``python -m
+safetensors._cli``. Exit codes: 0 success; 1 a verification failure, NaN/Inf found
+by ``verify --scan``, or ``diff`` found differences; 2 a usage or input error (a missing file, a file that is
+not a safetensors file, an existing output), reported as one line naming the file.
+
+``inspect`` and ``verify`` need nothing beyond this package; ``verify --scan`` and ``diff`` need numpy
+(ml_dtypes for bfloat16/float8 values); ``convert`` needs torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional, Sequence
+
+from .. import _safetensors_cpp as _cpp  # noqa: F401 - tests patch the binding through here
+from .common import EXIT_USAGE, PROG, CliError
+from .convert import cmd_convert
+from .diff import cmd_diff
+from .inspect import cmd_inspect
+from .verify import cmd_verify
+
+__all__ = ["build_parser", "main"]
+
+_EPILOG = """\
+exit status: 0 success; 1 verification failure, NaN/Inf found, or differences found;
+2 usage or input error (missing file, not a safetensors file, existing output).
+A checkpoint is a .safetensors file, a directory (its *.safetensors.index.json when it has
+one, else every *.safetensors file in it), or an index file such as model.safetensors.index.json."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Inspect, verify, convert and compare safetensors checkpoints.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    p = commands.add_parser(
+        "inspect",
+        help="list tensors, parameter counts and metadata",
+        description="Show each tensor (name, dtype, shape, size, data offsets), parameter counts by dtype, the "
+        "total size of tensor data, and the metadata. For an index, each shard shows only the tensors the index "
+        "assigns to it.",
+    )
+    p.add_argument("path", metavar="FILE|DIR|INDEX", help="a .safetensors file, a directory or an index file")
+    p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
+    p.set_defaults(run=cmd_inspect)
+
+    p = commands.add_parser(
+        "verify",
+        help="validate headers and read every tensor",
+        description="Validate every file (the header, then every tensor's bytes, read from disk) and, for an "
+        "index, that each shard it names exists and holds the tensors assigned to it. Exit status 1 on any "
+        "failure.",
+    )
+    p.add_argument("path", metavar="FILE|DIR|INDEX", help="a .safetensors file, a directory or an index file")
+    p.add_argument("--scan", action="store_true", help="also count NaN and Inf values in float tensors (exit 1 if any)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only failures, findings and the summary")
+    p.set_defaults(run=cmd_verify)
+
+    p = commands.add_parser(
+        "convert",
+        help="convert a PyTorch checkpoint (.bin/.pt/.pth) to safetensors",
+        description="Convert a PyTorch checkpoint (a state dict, or a dict with a 'state_dict' or 'model' entry "
+        "holding one) loaded with torch.load(weights_only=True). Shared (tied) tensors are stored once and "
+        "recorded in the metadata as save_model does; the metadata also gets format=pt, which transformers "
+        "4.x requires. With --max-shard-size, a checkpoint above the limit is written as "
+        "STEM-0000i-of-0000N.safetensors shards plus STEM.safetensors.index.json.",
+    )
+    p.add_argument("input", metavar="INPUT", help="the PyTorch checkpoint file")
+    p.add_argument(
+        "output",
+        metavar="OUTPUT",
+        help="the .safetensors file to write (its name without .safetensors is the shard stem), or a directory "
+        "(model.safetensors in it)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        help="largest amount of tensor data per file, e.g. 5GB, 500MB, 2GiB (KB/MB/GB are powers of 1000, "
+        "KiB/MiB/GiB powers of 1024); default: one file",
+    )
+    p.add_argument(
+        "--metadata", metavar="KEY=VALUE", action="append", help="a metadata entry to store (repeatable)"
+    )
+    p.add_argument(
+        "-f", "--force", action="store_true", help="overwrite existing output, removing stale shards of the same stem"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
+    p.set_defaults(run=cmd_convert)
+
+    p = commands.add_parser(
+        "diff",
+        help="compare two checkpoints",
+        description="Compare two checkpoints: tensors only in one, different dtype or shape, different values "
+        "(bytes; for floats also the largest absolute difference), and metadata (merged over each checkpoint's "
+        "files). Exit status 0 when identical, 1 when different.",
+    )
+    p.add_argument("a", metavar="A", help="a .safetensors file, a directory or an index file")
+    p.add_argument("b", metavar="B", help="a .safetensors file, a directory or an index file")
+    p.set_defaults(run=cmd_diff)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the tool on ``argv`` (default: the process arguments) and returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    stdout, stderr = sys.stdout, sys.stderr
+    try:
+        return args.run(args, stdout, stderr)
+    except CliError as e:
+        stderr.write(f"{PROG} {args.command}: error: {e}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        stderr.write(f"{PROG} {args.command}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`safetensors inspect ... | head`): stop quietly, as a killed pipe writer would.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except (OSError, ValueError):
+            pass
+        return 141
+

@@ -1,0 +1,5 @@
+"""`python -m safetensors._cli ...` runs the command-line tool."""
+
+from . import main
+
+raise SystemExit(main())
