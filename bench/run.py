@@ -12,6 +12,9 @@ Cases (numbers for --cases):
   5  save, with and without fsync, with peak RSS
   6  tensor-parallel slicing: 1/8 of the columns of every 2-D tensor
   7  get_tensor per-tensor overhead on a 20k-tensor file
+  8  what a user sees: each load in a new interpreter that loads once (2 GiB and 6 GiB files and 20k small
+     tensors, warm and cold), against the peers (Run:ai model streamer; fastsafetensors without GDS, with and
+     without O_DIRECT; installed in build/bench-peers from requirements-bench.txt), the reference and torch.load
 The ceilings (memcpy, first touch, warm / fresh / cold pread) are measured for the sizes the cases use.
 """
 
@@ -50,10 +53,14 @@ CASES = {
     "5": "save",
     "6": "tensor-parallel slicing",
     "7": "get_tensor overhead",
+    "8": "fresh-process loads vs peers",
 }
+# Benchmark-only peers (requirements-bench.txt, installed by scripts/bench.sh), imported only by case 8.
+PEERS_DIR = ROOT / "build" / "bench-peers"
 
 # What each implementation/method is called in the tables.
-IMPL = {"ours": "this package", "ref": "reference 0.8.0", "torch": "torch", "numpy": "numpy"}
+IMPL = {"ours": "this package", "ref": "reference 0.8.0", "torch": "torch", "numpy": "numpy",
+        "runai": "Run:ai model streamer 0.17.0", "fst": "fastsafetensors 0.5.0"}
 METHOD = {
     "st_pread": 'load_file(backend="pread")',
     "st_mmap_clone": "load_file() + .clone() of every tensor",
@@ -63,7 +70,19 @@ METHOD = {
     "torch_load_mmap": "torch.load(weights_only=True, mmap=True)",
     "np_fromfile": "np.fromfile of the data bytes (one array)",
     "np_memmap": "np.memmap of the data bytes",
+    "runai": "SafetensorsStreamer.stream_file + get_tensors (default reader)",
+    "runai_io_uring": "SafetensorsStreamer, RUNAI_STREAMER_FS_STRATEGY=io_uring_buffered",
+    "fst": "fastsafe_open(nogds=True), FASTSAFETENSORS_ODIRECT=0, get_tensor of every key",
+    "fst_odirect": "fastsafe_open(nogds=True), FASTSAFETENSORS_ODIRECT=1, get_tensor of every key",
 }
+# Case 8, in table order: (row id, implementation, server, method, lazy).
+FRESH = [("ours", "ours", "fresh_ours", "st_pread", False), ("ref", "ref", "fresh_ref", "st_mmap_clone", False),
+         ("runai", "runai", "fresh_peers", "runai", False),
+         ("runai_io_uring", "runai", "fresh_peers", "runai_io_uring", False),
+         ("fst", "fst", "fresh_peers", "fst", False), ("fst_odirect", "fst", "fresh_peers", "fst_odirect", False),
+         ("torch", "torch", "fresh_ours", "torch_load", False),
+         ("ours_lazy", "ours", "fresh_ours", "st_mmap", True), ("ref_lazy", "ref", "fresh_ref", "st_mmap", True)]
+PEER_ROWS = ("runai", "runai_io_uring", "fst", "fst_odirect")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -91,10 +110,16 @@ def count_name(n: int) -> str:
 def config(args: argparse.Namespace) -> Dict[str, Any]:
     if args.quick:
         cfg = {"sizes": [16 * MiB, 64 * MiB], "hidden": 512, "counts": [1000, 5000], "get_tensor_count": 5000,
-               "reps": 3, "inner_reps": 3}
+               "reps": 3, "inner_reps": 3, "fresh_sizes": [64 * MiB], "fresh_count": 5000}
     else:
         cfg = {"sizes": [512 * MiB, 2 * GiB], "hidden": 2048, "counts": [1000, 20000, 100000],
-               "get_tensor_count": 20000, "reps": 5, "inner_reps": 5}
+               "get_tensor_count": 20000, "reps": 5, "inner_reps": 5, "fresh_sizes": [2 * GiB, 6 * GiB],
+               "fresh_count": 20000}
+    if args.fresh_sizes:
+        cfg["fresh_sizes"] = sorted(args.fresh_sizes)
+    if args.fresh_count is not None:
+        cfg["fresh_count"] = args.fresh_count
+    cfg["fresh_idle"] = IDLE_SECONDS if args.fresh_idle is None else args.fresh_idle
     if args.sizes:
         cfg["sizes"] = sorted(args.sizes)
     if args.reps:
@@ -567,6 +592,57 @@ class Bench:
             self.repeat(f"4/{size}/numpy", "4", group, f"numpy: {METHOD['np_fromfile']}", "ours",
                         {"op": "load", "method": "np_fromfile", "path": st, "pt": pt, "evict": True})
 
+    # -- case 8: what a user sees, one load per new interpreter, against the peers ---------------------------
+    def fresh(self, size: Optional[int]) -> None:
+        """Every load in a new interpreter (servers fresh_*), warm and cold; size None: the small-tensor file.
+        The ceilings the targets need (first touch, warm pread into fresh memory, cold pread) are measured
+        here too unless cases 3 and 4 already did for this size."""
+        if size is None:
+            n = self.cfg["fresh_count"]
+            name, st, pt = f"{count_name(n)} tensors", str(self.tmp / f"fresh-tiny-{n}.safetensors"), ""
+            self.servers["ours"]({"op": "make", "path": st, "tiny": n})
+        else:
+            name = size_name(size)
+            free, avail = shutil.disk_usage(self.tmp).free, mem_available()
+            if free < 2 * size + GiB or avail < 2 * size + 2 * GiB:
+                self.res.notes.append(f"case 8, {name}: skipped, {free / GiB:.1f} GiB free disk and {avail / GiB:.1f} "
+                                      f"GiB memory available (needs {(2 * size + GiB) / GiB:.0f} and "
+                                      f"{(2 * size + 2 * GiB) / GiB:.0f})")
+                print(self.res.notes[-1])
+                return
+            st = str(self.tmp / f"fresh-{name.replace(' ', '')}.safetensors")
+            pt = st[: -len(".safetensors")] + ".pt"
+            made = self.servers["ours"]({"op": "make", "path": st, "pt": pt, "bytes": size, "hidden": self.cfg["hidden"]})
+            print(f"         wrote {name}: {made['tensors']} bf16 tensors, header {made['data_offset']} bytes")
+        try:
+            if size is not None:
+                if self.res.get(f"C/touch/{size}") is None:
+                    self.ceil.memory(size)
+                if self.res.get(f"C/pread_fresh/{size}") is None:
+                    self.ceil.warm_pread(st, size)
+                if self.can_evict and self.res.get(f"C/pread_cold/{size}") is None:
+                    self.ceil.cold_pread(st, size)
+            for temp in ("warm", "cold"):
+                if temp == "cold" and not self.can_evict:
+                    self.res.fail(f"8/cold/{size}", "8", f"fresh, cold, {name}", "every implementation",
+                                  "page-cache eviction is not possible here")
+                    continue
+                group = f"fresh, {temp}, {name}"
+                with self.interleaved():
+                    for row, impl, server, method, lazy in FRESH:
+                        if method == "torch_load" and not pt:
+                            continue
+                        if server not in self.servers:
+                            continue
+                        what = "lazy " + METHOD[method] if lazy else METHOD[method]
+                        self.repeat(f"8/{temp}/{size or 'tiny'}/{row}", "8", group, f"{IMPL[impl]}: {what}", server,
+                                    {"op": "load", "method": method, "path": st, "pt": pt, "evict": temp == "cold",
+                                     "idle": self.cfg["fresh_idle"]})
+        finally:
+            for p in (st, pt):
+                if p and os.path.exists(p):
+                    os.unlink(p)
+
     def slicing(self, st: str, size: int) -> None:
         group = f"slice {size_name(size)}"
         with self.interleaved():
@@ -673,6 +749,26 @@ def targets(cfg: Dict[str, Any], res: Results) -> List[Dict[str, Any]]:
     for backend in ("mmap", "pread"):
         ratio_target(f"6/{size}/{backend}/ours", f"slicing {size_name(size)}, {backend}, vs the reference",
                      res.get(f"6/{size}/{backend}/ours"), res.get(f"6/{size}/{backend}/ref"), 2)
+    # Case 8: what a user sees, in new interpreters; the fastest peer in the same table.
+    for temp in ("warm", "cold"):
+        for size in (["tiny"] if "8" in cfg["cases"] and cfg.get("fresh_count") else []) + list(cfg.get("fresh_sizes", []) if "8" in cfg["cases"] else []):
+            s = f"{count_name(cfg['fresh_count'])} tensors" if size == "tiny" else size_name(size)
+            ours = res.get(f"8/{temp}/{size}/ours")
+            peers = [r for r in (res.get(f"8/{temp}/{size}/{p}") for p in PEER_ROWS) if r and not r.get("error")]
+            fastest = min(peers, key=median) if peers else None
+            if fastest is not None:
+                ratio_target(f"8/{temp}/{size}/ours", f"fresh-process load, {temp}, {s}, vs the fastest peer "
+                             f"({fastest['label'].split(': ')[0]})", ours, fastest, 1.1)
+            else:
+                out.append({"key": f"8/{temp}/{size}/ours", "what": f"fresh-process load, {temp}, {s}, vs the "
+                            "fastest peer", "text": "no peer ran", "wanted": ">= 1.1x", "met": None})
+            if size != "tiny":
+                ceiling = "pread_fresh" if temp == "warm" else "pread_cold"
+                ratio_target(f"8/{temp}/{size}/ours", f"fresh-process load, {temp}, {s}, vs "
+                             f"{'warm pread into fresh memory' if temp == 'warm' else 'cold pread'}", ours,
+                             res.get(f"C/{ceiling}/{size}"), 0.9, bandwidth=True)
+                ratio_target(f"8/{temp}/{size}/ours_lazy", f"fresh-process lazy mmap load, {temp}, {s}, vs the "
+                             "reference", res.get(f"8/{temp}/{size}/ours_lazy"), res.get(f"8/{temp}/{size}/ref_lazy"), 1)
     for framework in ("pt", "np"):
         for backend in ("mmap", "pread"):
             key = f"7/{framework}/{backend}/ours"
@@ -691,10 +787,10 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
         if plain and huge and gbps(huge) > 1.5 * gbps(plain):
             out.append(f"First touch of MADV_HUGEPAGE memory is {gbps(huge) / gbps(plain):.1f}x faster than of plain "
                        f"fresh memory here ({gbps(huge):.2f} vs {gbps(plain):.2f} GB/s, {size_name(size)}): numpy asks "
-                       "for huge pages on large arrays, torch.empty does not (unless THP_MEM_ALLOC_ENABLE=1), so a "
-                       "load into new torch tensors pays 4 KiB page faults unless the loader asks for huge pages "
-                       "itself. The first-touch target uses the plain ceiling (what torch.empty gets); the "
-                       "huge-page ceilings are shown for information.")
+                       "for huge pages on large arrays, torch.empty does not (unless THP_MEM_ALLOC_ENABLE=1). This "
+                       "package keeps its fresh destinations on 4 KiB pages (MADV_NOHUGEPAGE; see the next note "
+                       "and case 8): the first-touch target uses the plain ceiling; the huge-page ceilings are "
+                       "shown for information.")
             break
     for size in cfg["sizes"]:
         huge, idle = res.get(f"C/touch_thp/{size}"), res.get(f"C/touch_thp_idle/{size}")
@@ -702,10 +798,10 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
             out.append(f"Huge pages freed {IDLE_SECONDS} s before are {gbps(huge) / gbps(idle):.1f}x slower to touch "
                        f"than ones freed just before ({gbps(idle):.2f} vs {gbps(huge):.2f} GB/s, {size_name(size)}): "
                        "this VM hands free memory back to its host (free page reporting of its balloon device), "
-                       "and the host faults it in again on first touch. Loads into fresh huge-page memory (this "
-                       "package's materialized loads, numpy's large arrays) land between the two from one run "
-                       "to the next, which is the spread between min and max of those rows; 4 KiB pages (what "
-                       "torch.empty, and so the reference's load + clone, gets) are hit far less.")
+                       "and the host faults it in again on first touch. Loads into fresh huge-page memory (numpy's "
+                       "large arrays) land between the two from one run to the next, which is the spread between "
+                       "min and max of those rows; 4 KiB pages (what torch.empty gets, and what this package "
+                       "keeps its fresh destinations on) are hit far less.")
             break
     leaky = [r["label"] for r in res.rows.values()
              if r.get("resident_before") is not None and r["resident_before"] > 0.05]
@@ -725,6 +821,17 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
                            f"runs at {gbps(ref) / gbps(c):.0%} of this machine's "
                            f"{'pwrite + fsync' if sync == 'fsync' else 'pwrite'} ceiling ({gbps(c):.2f} GB/s): 1.5x "
                            "the reference is above the ceiling here.")
+    # Case 8: 1.1x the fastest peer can ask for more than the machine's own ceiling of the same run.
+    for temp, ceiling in (("warm", "pread_fresh"), ("cold", "pread_cold")):
+        for size in cfg.get("fresh_sizes", []) if "8" in cfg["cases"] else []:
+            peers = [r for r in (res.get(f"8/{temp}/{size}/{p}") for p in PEER_ROWS) if r and not r.get("error")]
+            c = res.get(f"C/{ceiling}/{size}")
+            if peers and c:
+                best = max(gbps(r) for r in peers)
+                if 1.1 * best > 0.9 * gbps(c):
+                    out.append(f"1.1x the fastest peer ({temp}, {size_name(size)}) is {1.1 * best:.2f} GB/s, above 90% "
+                               f"of this run's {'warm pread into fresh memory' if temp == 'warm' else 'cold pread'} "
+                               f"ceiling ({gbps(c):.2f} GB/s): there the target is >= 90% of that ceiling instead.")
     # Slicing into new torch tensors pays at least the first touch of the slices' pages.
     size = cfg["slice_size"]
     ref, touch = res.get(f"6/{size}/mmap/ref"), res.get(f"C/touch/{size}")
@@ -812,6 +919,14 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
           "RSS is the peak during the call above the RSS just before it (the tensors). The reference has no fsync "
           "option: for it, torch.save and numpy the file and its directory are fsynced after writing, which is "
           "what `save_file(..., fsync=True)` does.",
+          "- Case 8 (what a user sees): every load runs in a new Python interpreter (`worker.py once`, "
+          "after the imports and a warm-up on a tiny file, so lazy imports are not timed) that loads once and "
+          f"exits, warm (file read just before) and cold (evicted just before), each after {cfg.get('fresh_idle', 0):g} s "
+          "idle (memory the previous run freed is then idle, as before a user's new process; on a VM with free "
+          "page reporting huge pages freed a moment earlier are much cheaper than idle ones). The peers (Run:ai model streamer "
+          "0.17.0, fastsafetensors 0.5.0 on the CPU without GDS) are installed by scripts/bench.sh from "
+          "requirements-bench.txt into build/bench-peers with `--no-deps` (torch and numpy from .venv); a peer "
+          "that is missing or fails shows as an error row and its targets as not measured.",
           "- Slicing: rank k of 8 (k = run number) takes columns [k*cols//8, (k+1)*cols//8) of every 2-D tensor; "
           "results are made contiguous (the reference's mmap path returns torch views, which are copied then; "
           "this package returns contiguous tensors, so that is a no-op). GB/s counts the bytes of the slices.",
@@ -862,6 +977,13 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
     table("5", "5. Save", [("GB/s", col_gbps), ("peak above tensors, MiB", col_mib("peak_delta"))])
     table("6", "6. Tensor-parallel slicing (1/8 of the columns of every 2-D tensor)",
           [("GB/s", col_gbps), ("peak, MiB", col_mib("peak_delta"))])
+    table("8", "8. What a user sees: one load per new interpreter, against the peers",
+          [("GB/s", col_gbps), ("RSS after, MiB", col_mib("rss_delta")), ("cached", col_cached)],
+          "Each run is a new Python interpreter (`worker.py once`) that imports everything, loads once and exits; "
+          "warm: the file was read just before; cold: evicted just before. The peers run from "
+          "build/bench-peers (requirements-bench.txt) with torch from .venv, on the CPU: Run:ai model streamer "
+          "(its default reader and `RUNAI_STREAMER_FS_STRATEGY=io_uring_buffered`) and fastsafetensors "
+          "(`nogds=True`, buffered and O_DIRECT). 'lazy' rows are `load_file()` on mmap, not materialized.")
     table("7", "7. get_tensor, per tensor", [], f"Time per `get_tensor` call over every tensor of a "
           f"{count_name(cfg['get_tensor_count'])}-tensor file "
           "inside one `safe_open` (median, min and max of the per-tensor average of each pass).")
@@ -997,9 +1119,15 @@ def report(out_md: Path, plot: Path, cfg: Dict[str, Any], info: Dict[str, str], 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions: a smoke test (under 2 minutes)")
-    ap.add_argument("--cases", default="1,2,3,4,5,6,7", help="comma-separated case numbers (default: all)")
+    ap.add_argument("--cases", default="1,2,3,4,5,6,7,8", help="comma-separated case numbers (default: all)")
     ap.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
                     help="model file sizes, e.g. 512M,2G (default: 512M,2G; --quick: 16M,64M)")
+    ap.add_argument("--fresh-sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
+                    help="case 8 file sizes (default: 2G,6G; --quick: 64M)")
+    ap.add_argument("--fresh-count", type=int, help="case 8: tensors in the small-tensor file (default 20000; "
+                    "0 leaves that file out)")
+    ap.add_argument("--fresh-idle", type=float, help="case 8: seconds each new process waits before it loads, so "
+                    f"that memory the last one freed has gone idle, as before a user's process (default {IDLE_SECONDS})")
     ap.add_argument("--cold-size", type=parse_size, help="size for the cold-cache case (default: the smallest)")
     ap.add_argument("--slice-size", type=parse_size, help="size for the slicing case (default: the largest)")
     ap.add_argument("--reps", type=int, help="repetitions per measurement (default 5, --quick 3)")
@@ -1061,11 +1189,23 @@ def main() -> int:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     ours_path = args.ours_path.resolve() if args.ours_path else snapshot_package(env, outdir / "package")
     ours_env = dict(env, PYTHONPATH=str(ours_path))
+    results_notes: List[str] = []
     servers = {"ours": Server("ours", ours_env, args.spawn),
                "ref": Server("reference", dict(env, PYTHONPATH=str(args.reference.resolve())), args.spawn)}
     if "3" in cfg["cases"] and Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():
         # What torch's own huge-page allocation would give the materialized load (informational row).
         servers["ours_thp"] = Server("ours (THP)", dict(ours_env, THP_MEM_ALLOC_ENABLE="1"), args.spawn)
+    if "8" in cfg["cases"]:
+        # Case 8: a new interpreter per load, whatever --spawn says; the peers next to this package.
+        servers["fresh_ours"] = Server("ours (fresh)", ours_env, True)
+        servers["fresh_ref"] = Server("reference (fresh)", dict(env, PYTHONPATH=str(args.reference.resolve())), True)
+        missing = [m for m in ("runai_model_streamer", "fastsafetensors") if not (PEERS_DIR / m).is_dir()]
+        if missing:
+            what = "case 8 ran without them" if len(missing) == 2 else "their rows are errors"
+            results_notes.append(f"peers not installed in {os.path.relpath(PEERS_DIR, ROOT)} ({', '.join(missing)}): "
+                                 f"scripts/bench.sh installs them from requirements-bench.txt; {what}")
+        if len(missing) < 2:
+            servers["fresh_peers"] = Server("peers (fresh)", dict(ours_env, PYTHONPATH=f"{ours_path}:{PEERS_DIR}"), True)
     ours_id, ref_id = servers["ours"]({"op": "identify"}), servers["ref"]({"op": "identify"})
     if ref_id["safetensors"] != "0.8.0" or not ref_id["file"].startswith(str(args.reference.resolve())):
         print(f"the reference worker imported {ref_id}, not the reference 0.8.0 from {args.reference}", file=sys.stderr)
@@ -1081,6 +1221,7 @@ def main() -> int:
                                           f"intra-op threads) / {ours_id['numpy']}"}
 
     results = Results()
+    results.notes.extend(results_notes)
     ceilings = Ceilings(build_ceilings(outdir), results, cfg["reps"])
     bench = Bench(cfg, tmpdir, servers, ceilings, results, can_evict)
     try:
@@ -1100,6 +1241,11 @@ def main() -> int:
                 cfg["cases"] = ["6"]
                 bench.model_file(cfg["slice_size"])
                 cfg["cases"] = saved
+        if bench.want("8"):
+            if cfg["fresh_count"]:
+                bench.fresh(None)
+            for size in cfg["fresh_sizes"]:
+                bench.fresh(size)
     finally:
         for s in servers.values():
             s.close()

@@ -95,6 +95,54 @@ print(best(lambda: save_file(state, path + ".ref"), path + ".ref"), best(lambda:
       best(lambda: load_file(path, backend="pread")))
 """
 
+# One load in a new interpreter, as a user's program does it (sys.argv: method, path); prints the seconds.
+FRESH_LOAD = r"""
+import os, sys, time, torch
+method, path = sys.argv[1], sys.argv[2]
+if method == "runai_io_uring":
+    os.environ["RUNAI_STREAMER_FS_STRATEGY"] = "io_uring_buffered"
+if method.startswith("runai"):
+    from runai_model_streamer import SafetensorsStreamer
+elif method == "fst":
+    os.environ["FASTSAFETENSORS_ODIRECT"] = "0"
+    from fastsafetensors import fastsafe_open
+else:
+    from safetensors.torch import load_file
+t0 = time.perf_counter()
+if method == "pread":
+    d = load_file(path, backend="pread")
+elif method == "mmap":
+    d = load_file(path)
+elif method == "clone":
+    d = {k: v.clone() for k, v in load_file(path).items()}
+elif method == "torch":
+    d = torch.load(path + ".pt", weights_only=True)
+elif method.startswith("runai"):
+    with SafetensorsStreamer() as s:
+        s.stream_file(path)
+        d = dict(s.get_tensors())
+elif method == "fst":
+    with fastsafe_open(path, framework="pt", device="cpu", nogds=True) as f:
+        d = {k: f.get_tensor(k) for k in f.keys()}
+print(time.perf_counter() - t0)
+"""
+PEERS = ROOT / "build" / "bench-peers"  # scripts/bench.sh installs the peers there (requirements-bench.txt)
+
+
+def fresh_process(method: str, path: Path, pythonpath: "str | None" = None) -> "float | None":
+    """The median of REPEAT loads, each in a new interpreter; None if that implementation did not run."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    times = []
+    for _ in range(REPEAT):
+        out = subprocess.run([sys.executable, "-c", FRESH_LOAD, method, str(path)], env=env,
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        times.append(float(out.stdout.split()[-1]))
+    return statistics.median(times)
+
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
@@ -176,6 +224,30 @@ def main() -> None:
           " for the materialized row.")
     if not theirs:
         print("   (the reference is not installed in .ref; run scripts/setup.sh for the comparison)")
+
+    print("\n6. What a user sees: each load in a new Python process that loads once (median of %d, warm cache)"
+          % REPEAT)
+    ours_path = os.environ.get("PYTHONPATH")
+    rows = [("this package: load_file(backend=\"pread\")", "pread", ours_path),
+            ("this package: load_file() (lazy, mmap)", "mmap", ours_path)]
+    if (REFERENCE / "safetensors" / "__init__.py").exists():
+        rows += [("reference 0.8.0: load_file() + .clone()", "clone", str(REFERENCE)),
+                 ("reference 0.8.0: load_file() (lazy, mmap)", "mmap", str(REFERENCE))]
+    rows.append(("torch.load(weights_only=True)", "torch", ours_path))
+    peers = os.pathsep.join(p for p in (ours_path, str(PEERS)) if p)
+    if (PEERS / "runai_model_streamer").is_dir():
+        rows += [("Run:ai model streamer 0.17.0", "runai", peers),
+                 ("Run:ai model streamer, io_uring_buffered", "runai_io_uring", peers)]
+    if (PEERS / "fastsafetensors").is_dir():
+        rows.append(("fastsafetensors 0.5.0 (nogds, buffered)", "fst", peers))
+    print(f"   {'implementation':<48}{'median':>10}{'GB/s':>8}")
+    print("   " + "-" * 66)
+    for label, method, pythonpath in rows:
+        t = fresh_process(method, path, pythonpath)
+        shown = f"{t:>8.3f} s{nbytes / t / 1e9:>8.2f}" if t is not None else f"{'did not run':>18}"
+        print(f"   {label:<48}{shown}")
+    if not PEERS.is_dir():
+        print("   (peers: `bash scripts/bench.sh` installs Run:ai model streamer and fastsafetensors in build/bench-peers)")
     assert checksum(load_file(path)) == reference_sum
 
 

@@ -13,6 +13,7 @@ size, shared by every concurrent load in the process, and returned once no load 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
@@ -31,8 +32,13 @@ _allocator_installed = False
 
 
 def set_staging_capacity(nbytes: int) -> None:
-    """The most host memory the engine's slab pool holds at once (default 256 MiB), for every load together."""
+    """The most host memory the engine's slab pool holds at once (default 256 MiB, or the environment's
+    ``SAFETENSORS_STAGING_BYTES``), for every load of the process together."""
     _cpp.slab_pool_set_capacity(int(nbytes))
+
+
+if os.environ.get("SAFETENSORS_STAGING_BYTES"):
+    set_staging_capacity(int(os.environ["SAFETENSORS_STAGING_BYTES"]))
 
 
 def _alloc(size: int) -> int:

@@ -76,6 +76,14 @@ def _torch_dtype(code: str) -> torch.dtype:
 
 # -- accelerators: the loading engine -----------------------------------------------------------------------
 
+def set_staging_capacity(nbytes: int) -> None:
+    """The most page-locked host memory accelerator loads stage through at once, for the whole process
+    (default 256 MiB; also ``SAFETENSORS_STAGING_BYTES``). Returned to the system when no load runs."""
+    from . import _engine
+
+    _engine.set_staging_capacity(nbytes)
+
+
 def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]], device: torch.device) -> Dict[str, torch.Tensor]:
     """Allocates every tensor on ``device`` and fills it through the engine (``_engine.py``): reader threads
     into page-locked slabs of the process-wide pool, non-blocking copies to the device."""

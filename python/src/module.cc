@@ -617,7 +617,7 @@ NB_MODULE(_safetensors_cpp, m) {
           },
           "name"_a, "ptr"_a, "nbytes"_a, "fresh"_a = false, nb::call_guard<nb::gil_scoped_release>(),
           "Reads a tensor's bytes to the address ptr (nbytes must equal its size). fresh=True: the destination "
-          "is a new allocation the caller owns, filled faster with huge pages. Releases the GIL.")
+          "is a new allocation the caller owns (advise_fresh_destination: kept on 4 KiB pages). Releases the GIL.")
       .def(
           "read_many",
           [](const File& f, const std::vector<std::tuple<std::string, std::uintptr_t, std::uint64_t>>& items,
