@@ -117,7 +117,7 @@ class File:
 
     def read_into(self, name: str, ptr: int, nbytes: int, fresh: bool = False) -> None:
         """
-        Reads a tensor's bytes to the address ptr (nbytes must equal its size). fresh=True: the destination is a new allocation the caller owns, filled faster with huge pages. Releases the GIL.
+        Reads a tensor's bytes to the address ptr (nbytes must equal its size). fresh=True: the destination is a new allocation the caller owns (advise_fresh_destination: kept on 4 KiB pages). Releases the GIL.
         """
 
     def read_many(self, items: Sequence[tuple[str, int, int]], threads: int = 0, fresh: bool = False) -> None:
