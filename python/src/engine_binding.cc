@@ -27,6 +27,7 @@
 
 #include "safetensors/engine.h"
 #include "safetensors/file.h"
+#include "common.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -34,22 +35,6 @@ using namespace nb::literals;
 namespace safetensors::python {
 namespace {
 
-void (*g_raise)(Error) = nullptr;
-
-template <typename T>
-T check(Result<T> r) {
-  if (!r.ok()) {
-    g_raise(std::move(r).error());
-    std::abort();  // g_raise throws
-  }
-  return std::move(r).value();
-}
-void check(Status s) {
-  if (!s.ok()) {
-    g_raise(std::move(s).error());
-    std::abort();
-  }
-}
 
 // Drops `p` with the GIL released when this thread holds it.
 void drop(std::shared_ptr<Prefetcher>& p) {
@@ -166,8 +151,7 @@ using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optio
 
 }  // namespace
 
-void bind_engine(nb::module_& m, void (*raise)(Error)) {
-  g_raise = raise;
+void bind_engine(nb::module_& m) {
 
   m.def(
       "tensor_piece",

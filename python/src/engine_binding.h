@@ -8,9 +8,8 @@
 
 namespace safetensors::python {
 
-// Adds Prefetcher, PrefetchEvent and the slab-pool functions to `m`. `raise` throws the module's translated
-// error for an Error (module.cc's one translation path); it never returns.
-void bind_engine(nanobind::module_& m, void (*raise)(Error));
+// Adds Prefetcher, PrefetchEvent and the slab-pool functions to `m`. Errors go through common.h's raise_error.
+void bind_engine(nanobind::module_& m);
 
 }  // namespace safetensors::python
 

@@ -32,6 +32,7 @@
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
+#include "common.h"
 
 #include "engine_binding.h"
 #include "sharded_binding.h"
@@ -45,9 +46,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------
 // Errors
 
-// What the failing call was doing; decides the reference's message prefix for format errors.
-enum class Op { kOpenFile, kOpenBytes, kSerialize, kOther };
-
 struct TranslatedError {
   Error error;
   Op op;
@@ -56,15 +54,6 @@ struct TranslatedError {
 PyObject* g_safetensor_error = nullptr;  // safetensors.SafetensorError
 PyObject* g_slice_error = nullptr;       // safetensors.SafetensorSliceError(SafetensorError, IndexError, ValueError)
 PyObject* g_io_error = nullptr;          // safetensors.SafetensorIOError(SafetensorError, OSError)
-
-template <typename T>
-T check(Result<T> r, Op op = Op::kOther) {
-  if (!r.ok()) throw TranslatedError{std::move(r).error(), op};
-  return std::move(r).value();
-}
-void check(Status s, Op op = Op::kOther) {
-  if (!s.ok()) throw TranslatedError{std::move(s).error(), op};
-}
 
 // Raises `type` with the whole of `text`: a NUL inside a tensor name or dtype must not cut the message (and
 // its variant token) short, and bytes that are not UTF-8 (a path) become backslash escapes instead of
@@ -312,13 +301,6 @@ nb::list make_list(std::size_t n, MakeItem&& make_item) {
   return list;
 }
 
-Backend parse_backend(const std::string& name) {
-  if (name == "mmap") return Backend::kMmap;
-  if (name == "pread") return Backend::kPread;
-  throw TranslatedError{Error::invalid_argument("", "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")"),
-                        Op::kOther};
-}
-
 const char* backend_name(Backend b) {
   switch (b) {
     case Backend::kMmap: return "mmap";
@@ -334,16 +316,6 @@ nb::tuple shape_tuple(std::span<const std::uint64_t> shape) {
     PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromUnsignedLongLong(shape[i]));
   }
   return nb::borrow<nb::tuple>(t);
-}
-
-// (code, shape, begin, end) -- begin/end relative to the data buffer.
-nb::tuple info_tuple(const TensorInfo& t) {
-  return nb::make_tuple(nb::str(dtype_code(t.dtype).data(), dtype_code(t.dtype).size()), shape_tuple(t.shape),
-                        t.begin, t.end);
-}
-
-std::span<std::byte> dest(std::uintptr_t ptr, std::uint64_t nbytes) {
-  return {reinterpret_cast<std::byte*>(ptr), static_cast<std::size_t>(nbytes)};
 }
 
 // Index expressions arrive as tuples: (0, i) integer, (1, start, stop, step) range, (2,) ellipsis.
@@ -364,26 +336,39 @@ std::vector<SliceIndex> to_indices(const std::vector<PyIndex>& spec) {
   return out;
 }
 
-// (name, code, shape, data_ptr, data_len)
-using PyTensorSpec = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>;
+}  // namespace
+
+// -- common.h ---------------------------------------------------------------------------------------------
+
+void raise_error(Error e, Op op) { throw TranslatedError{std::move(e), op}; }
+
+Backend parse_backend(const std::string& name) {
+  if (name == "mmap") return Backend::kMmap;
+  if (name == "pread") return Backend::kPread;
+  raise_error(Error::invalid_argument("", "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")"));
+}
+
+nb::tuple info_tuple(const TensorInfo& t) {
+  return nb::make_tuple(nb::str(dtype_code(t.dtype).data(), dtype_code(t.dtype).size()), shape_tuple(t.shape),
+                        t.begin, t.end);
+}
 
 std::vector<TensorData> to_tensor_data(const std::vector<PyTensorSpec>& specs) {
   std::vector<TensorData> out;
   out.reserve(specs.size());
   for (const auto& [name, code, shape, ptr, len] : specs) {
     auto dt = dtype_from_code(code);
-    if (!dt) throw TranslatedError{Error::invalid_argument("", "unknown dtype code \"" + code + "\""), Op::kOther};
+    if (!dt) raise_error(Error::invalid_argument("", "unknown dtype code \"" + code + "\""));
     out.push_back({name, *dt, shape, std::span<const std::byte>(reinterpret_cast<const std::byte*>(ptr), len)});
   }
   return out;
 }
 
-std::optional<Metadata> to_metadata(const std::optional<std::vector<std::pair<std::string, std::string>>>& md) {
+std::optional<Metadata> to_metadata(const PyMetadata& md) {
   if (!md) return std::nullopt;
   return Metadata(md->begin(), md->end());
 }
 
-}  // namespace
 }  // namespace safetensors::python
 
 using namespace safetensors;
@@ -709,6 +694,6 @@ NB_MODULE(_safetensors_cpp, m) {
 
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;
-  bind_engine(m, [](Error e) { throw TranslatedError{std::move(e), Op::kOther}; });
-  bind_sharded(m, [](Error e) { throw TranslatedError{std::move(e), Op::kOther}; });
+  bind_engine(m);
+  bind_sharded(m);
 }

@@ -25,6 +25,7 @@
 
 #include "safetensors/dtype.h"
 #include "safetensors/file.h"
+#include "common.h"
 #include "safetensors/sharded.h"
 
 namespace nb = nanobind;
@@ -32,30 +33,6 @@ using namespace nb::literals;
 
 namespace safetensors::python {
 namespace {
-
-void (*g_raise)(Error) = nullptr;
-
-template <typename T>
-T check(Result<T> r) {
-  if (!r.ok()) {
-    g_raise(std::move(r).error());
-    std::abort();  // g_raise throws
-  }
-  return std::move(r).value();
-}
-void check(Status s) {
-  if (!s.ok()) {
-    g_raise(std::move(s).error());
-    std::abort();
-  }
-}
-
-Backend parse_backend(const std::string& name) {
-  if (name == "mmap") return Backend::kMmap;
-  if (name == "pread") return Backend::kPread;
-  g_raise(Error::invalid_argument("", "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")"));
-  std::abort();
-}
 
 nb::str str(std::string_view s) { return nb::str(s.data(), s.size()); }
 
@@ -66,46 +43,19 @@ nb::object metadata_dict(const std::optional<Metadata>& md) {
   return d;
 }
 
-// (code, shape, begin, end), as File.info() gives it.
-nb::tuple info_tuple(const TensorInfo& t) {
-  nb::list shape;
-  for (std::uint64_t d : t.shape) shape.append(d);
-  return nb::make_tuple(str(dtype_code(t.dtype)), nb::tuple(shape), t.begin, t.end);
-}
-
-std::span<std::byte> dest(std::uintptr_t ptr, std::uint64_t nbytes) {
-  return {reinterpret_cast<std::byte*>(ptr), static_cast<std::size_t>(nbytes)};
-}
-
-// (name, dtype code, shape, data_ptr, data_len), as module.cc's serialize takes them.
-using PyTensorSpec = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>;
-
-std::vector<TensorData> to_tensor_data(const std::vector<PyTensorSpec>& specs) {
-  std::vector<TensorData> out;
-  out.reserve(specs.size());
-  for (const auto& [name, code, shape, ptr, len] : specs) {
-    auto dt = dtype_from_code(code);
-    if (!dt) g_raise(Error::invalid_argument("", "unknown dtype code \"" + code + "\""));
-    out.push_back({name, *dt, shape, std::span<const std::byte>(reinterpret_cast<const std::byte*>(ptr), len)});
-  }
-  return out;
-}
-
-ShardingOptions sharding_options(std::uint64_t max_shard_bytes, const std::string& prefix,
-                                 const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata,
+ShardingOptions sharding_options(std::uint64_t max_shard_bytes, const std::string& prefix, const PyMetadata& metadata,
                                  bool fsync) {
   ShardingOptions o;
   o.max_shard_bytes = max_shard_bytes;
   o.prefix = prefix;
-  if (metadata) o.shard_metadata = Metadata(metadata->begin(), metadata->end());
+  o.shard_metadata = to_metadata(metadata);
   o.write.fsync = fsync;
   return o;
 }
 
 }  // namespace
 
-void bind_sharded(nb::module_& m, void (*raise)(Error)) {
-  g_raise = raise;
+void bind_sharded(nb::module_& m) {
 
   nb::class_<ShardIndex>(m, "ShardIndex",
                          "A parsed, validated index file (model.safetensors.index.json): which shard holds each "
@@ -136,14 +86,14 @@ void bind_sharded(nb::module_& m, void (*raise)(Error)) {
       .def(
           "shard_path",
           [](const ShardIndex& i, std::size_t s) {
-            if (s >= i.shard_names.size()) g_raise(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
+            if (s >= i.shard_names.size()) raise_error(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
             return i.shard_path(s);
           },
           "s"_a, "Shard s's path, relative to the index's directory.")
       .def(
           "assigned",
           [](const ShardIndex& i, std::size_t s) {
-            if (s >= i.shard_names.size()) g_raise(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
+            if (s >= i.shard_names.size()) raise_error(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
             std::vector<std::string_view> names = i.assigned(s);
             return std::vector<std::string>(names.begin(), names.end());
           },

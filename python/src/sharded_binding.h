@@ -9,9 +9,8 @@
 namespace safetensors::python {
 
 // Adds ShardIndex, ShardedFile, ShardPlan, plan_shards, write_index and save_sharded to `m`. REQUIRES: File is
-// already bound in `m` (ShardedFile.shards and ShardIndex.select take and return File objects). `raise` throws
-// the module's translated error for an Error (module.cc's one translation path); it never returns.
-void bind_sharded(nanobind::module_& m, void (*raise)(Error));
+// already bound in `m` (ShardedFile.shards and ShardIndex.select take and return File objects). Errors go through common.h's raise_error.
+void bind_sharded(nanobind::module_& m);
 
 }  // namespace safetensors::python
 

@@ -1,0 +1,59 @@
+// What the parts of _safetensors_cpp share (module.cc, engine_binding.cc, sharded_binding.cc): the one error
+// path into Python and the conversions of arguments every part takes. Defined in module.cc.
+#ifndef SAFETENSORS_PYTHON_COMMON_H_
+#define SAFETENSORS_PYTHON_COMMON_H_
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "safetensors/error.h"
+#include "safetensors/file.h"
+#include "safetensors/source.h"
+#include "safetensors/writer.h"
+
+namespace safetensors::python {
+
+// What the failing call was doing; decides the reference's message prefix for format errors.
+enum class Op { kOpenFile, kOpenBytes, kSerialize, kOther };
+
+// Throws `e` to the module's one exception translator (module.cc), which raises SafetensorError,
+// SafetensorIOError, SafetensorSliceError or FileNotFoundError with the reference's text.
+[[noreturn]] void raise_error(Error e, Op op = Op::kOther);
+
+template <typename T>
+T check(Result<T> r, Op op = Op::kOther) {
+  if (!r.ok()) raise_error(std::move(r).error(), op);
+  return std::move(r).value();
+}
+inline void check(Status s, Op op = Op::kOther) {
+  if (!s.ok()) raise_error(std::move(s).error(), op);
+}
+
+// "mmap" or "pread"; anything else raises SafetensorError naming the choices.
+Backend parse_backend(const std::string& name);
+
+// (code, shape, begin, end) -- begin/end relative to the data buffer.
+nanobind::tuple info_tuple(const TensorInfo& t);
+
+// The caller's memory at `ptr`, `nbytes` long.
+inline std::span<std::byte> dest(std::uintptr_t ptr, std::uint64_t nbytes) {
+  return {reinterpret_cast<std::byte*>(ptr), static_cast<std::size_t>(nbytes)};
+}
+
+// (name, dtype code, shape, data_ptr, data_len): a tensor to save, as Python describes it.
+using PyTensorSpec = std::tuple<std::string, std::string, std::vector<std::uint64_t>, std::uintptr_t, std::uint64_t>;
+std::vector<TensorData> to_tensor_data(const std::vector<PyTensorSpec>& specs);
+
+using PyMetadata = std::optional<std::vector<std::pair<std::string, std::string>>>;
+std::optional<Metadata> to_metadata(const PyMetadata& md);
+
+}  // namespace safetensors::python
+
+#endif  // SAFETENSORS_PYTHON_COMMON_H_
