@@ -18,6 +18,23 @@ from pathlib import Path
 
 import torch
 
+PREFETCH_TIMER = r"""
+import sys, time, json, torch
+from safetensors import safe_open
+path, repeat = sys.argv[1], int(sys.argv[2])
+best = 1e9
+for _ in range(repeat):
+    torch.cuda.synchronize(); t0 = time.perf_counter()
+    with safe_open(path, "pt", device="cuda:0") as f, f.prefetch(device="cuda:0") as loader:
+        d = dict(loader)
+    torch.cuda.synchronize()
+    best = min(best, time.perf_counter() - t0)
+    checksum = float(sum(d[k].float().sum() for k in sorted(d)[:8]))
+    del d
+import safetensors
+print(json.dumps({"seconds": best, "checksum": checksum, "version": safetensors.__version__, "file": safetensors.__file__}))
+"""
+
 LOAD_TIMER = r"""
 import sys, time, json, torch
 from safetensors.torch import load_file
@@ -27,7 +44,7 @@ for _ in range(repeat):
     torch.cuda.synchronize(); t0 = time.perf_counter()
     d = load_file(path, device="cuda:0"); torch.cuda.synchronize()
     best = min(best, time.perf_counter() - t0)
-    checksum = float(sum(t.float().sum() for t in list(d.values())[:8]))
+    checksum = float(sum(d[k].float().sum() for k in sorted(d)[:8]))
     del d
 import safetensors
 print(json.dumps({"seconds": best, "checksum": checksum, "version": safetensors.__version__, "file": safetensors.__file__}))
@@ -70,8 +87,8 @@ def warm(path: Path) -> None:
             pass
 
 
-def time_load(python: str, path: Path, repeat: int, env: dict) -> dict:
-    out = subprocess.run([python, "-c", LOAD_TIMER, str(path), str(repeat)], env=env, check=True,
+def time_load(python: str, path: Path, repeat: int, env: dict, timer: str = LOAD_TIMER) -> dict:
+    out = subprocess.run([python, "-c", timer, str(path), str(repeat)], env=env, check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -83,6 +100,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--dir", default="/tmp/gpu_bench")
     parser.add_argument("--out", default="build/gpu")
+    parser.add_argument("--reference-rc", default=".gpu/ref-rc",
+                        help="a --target directory holding the reference 0.9.0rc1 (its CUDA prefetch), if present")
     args = parser.parse_args()
     work, out = Path(args.dir), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -107,17 +126,29 @@ def main() -> None:
         ref = time_load(sys.executable, path, args.repeat, ref_env)
         assert "+cpp" in ours["version"] and "+cpp" not in ref["version"], (ours, ref)
         assert ours["checksum"] == ref["checksum"], (ours, ref)
+        prefetch = time_load(sys.executable, path, args.repeat, ours_env, PREFETCH_TIMER)
+        assert prefetch["checksum"] == ours["checksum"], (prefetch, ours)
+        ref_prefetch = None
+        if Path(args.reference_rc, "safetensors").exists():
+            rc_env = dict(ref_env, PYTHONPATH=str(Path(args.reference_rc).resolve()))
+            ref_prefetch = time_load(sys.executable, path, args.repeat, rc_env, PREFETCH_TIMER)
         row = {
             "bytes": nbytes, "tensors": count, "prepare_s": made,
             "ours_s": ours["seconds"], "ours_GBps": nbytes / ours["seconds"] / 1e9,
             "reference_s": ref["seconds"], "reference_GBps": nbytes / ref["seconds"] / 1e9,
             "fraction_of_ceiling": nbytes / ours["seconds"] / ceiling,
             "speedup_vs_reference": ref["seconds"] / ours["seconds"],
+            "ours_prefetch_s": prefetch["seconds"], "ours_prefetch_GBps": nbytes / prefetch["seconds"] / 1e9,
+            "reference_prefetch_s": ref_prefetch["seconds"] if ref_prefetch else None,
         }
         results["cases"][label] = row
         print(f"{label:>16}: {nbytes / 2**30:6.2f} GiB  ours {row['ours_s']:7.3f} s ({row['ours_GBps']:5.1f} GB/s, "
               f"{100 * row['fraction_of_ceiling']:5.1f}% of ceiling)  reference {row['reference_s']:7.3f} s "
               f"({row['reference_GBps']:5.1f} GB/s)  speedup {row['speedup_vs_reference']:5.1f}x", flush=True)
+        rp = row["reference_prefetch_s"]
+        print(f"{'':>16}  prefetch: ours {row['ours_prefetch_s']:7.3f} s ({row['ours_prefetch_GBps']:5.1f} GB/s, "
+              f"{100 * nbytes / row['ours_prefetch_s'] / ceiling:5.1f}% of ceiling)  reference 0.9.0rc1 "
+              + (f"{rp:7.3f} s" if rp else "not installed"), flush=True)
         path.unlink()
     big = results["cases"]["16GiB bf16"]
     print(f"targets: >= 80% of the pinned ceiling: {100 * big['fraction_of_ceiling']:.1f}% "

@@ -13,6 +13,10 @@ if [ "${1:-}" = --prepare ]; then
   mkdir -p .gpu
   grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
   (cd .gpu && rm -f ./*.deb && apt-get download libsimdjson-dev libsimdjson14)
+  # The reference's release candidate, for its CUDA prefetch (bench/gpu_load.py --reference-rc).
+  rm -rf .gpu/ref-rc && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 -d .gpu/wheels safetensors==0.9.0rc1 && \
+    python3 -m pip install -q --no-deps --target .gpu/ref-rc .gpu/wheels/safetensors-0.9.0rc1-*.whl
   ls -l .gpu
   exit 0
 fi
@@ -38,6 +42,7 @@ $PY -c 'import safetensors; assert "+cpp" in safetensors.__version__, safetensor
 
 stamp "GPU tests"
 $PY -m pytest -q -p no:cacheprovider tests/python/test_cuda.py tests/python/test_torch.py tests/python/test_api.py \
+  tests/python/test_prefetch.py \
   2>&1 | tee "$RESULTS/gpu_tests.log" | tail -15
 
 stamp "GPU load benchmark"
