@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
+from . import _safetensors_cpp as _cpp
 from ._core import DTYPES, Framework, load_file_as, open_bytes, PathLike, SafetensorError, serialize_flat, serialize_flat_file
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
@@ -100,6 +101,24 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
     return out
 
 
+def _rows_of(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, bool]]:
+    """``(start, stop, squeeze)`` when the index plan selects whole rows ``[start, stop)`` of the first dimension
+    (a step-1 range or one integer, then only whole axes), else None."""
+    if not shape or plan.gather_axis is not None or plan.needs_reshape:
+        return None
+    spec = plan.reads()[0]
+    if any(entry != (1, None, None, None) and entry[0] != 2 for entry in spec[1:]):
+        return None
+    first = spec[0]
+    if first[0] == 0:
+        index = first[1] + shape[0] if first[1] < 0 else first[1]
+        return (index, index + 1, True) if 0 <= index < shape[0] else None
+    if first[0] == 1 and first[3] in (None, 1):
+        start, stop, _ = slice(first[1], first[2]).indices(shape[0])
+        return start, max(start, stop), False
+    return None
+
+
 def _stages(device: torch.device) -> bool:
     """True for accelerators whose torch module has streams and events (cuda, npu, xpu, PrivateUse1 ...): the
     engine's staged path. Others get a CPU read and ``.to(device)``."""
@@ -180,6 +199,20 @@ class _Torch(Framework):
 
     def stack(self, tensors: List[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.stack(tensors, axis)
+
+    def load_slice(self, reader: Any, name: str, code: str, plan: Any) -> torch.Tensor:
+        # Rows of the first dimension onto an accelerator are one byte range: the engine streams them to the
+        # device like a whole tensor. Any other selection is read on the CPU and moved.
+        if _stages(reader.device):
+            rows = _rows_of(plan, reader.file.info(name)[1])
+            if rows is not None:
+                start, stop, squeeze = rows
+                code, shape, _, _ = reader.file.info(name)
+                begin, end = _cpp.row_piece(reader.file, name, start, stop)
+                piece = (code, (stop - start,) + tuple(shape[1:]), begin, end)
+                tensor = _staged_load(reader.file, [(name, piece)], reader.device)[name]
+                return tensor[0] if squeeze else tensor
+        return super().load_slice(reader, name, code, plan)
 
     def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
         # The reference indexes a torch tensor on the mmap backend (torch's errors) and uses its own indexer

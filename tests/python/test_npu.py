@@ -204,6 +204,35 @@ def test_eight_concurrent_loads_share_one_bounded_pool(tmp_path, small_staging):
     assert npu_sim.pinned_bytes_allocated() == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_row_slices_onto_the_npu_stream_through_the_engine(tmp_path, backend):
+    """get_slice(...)[rows] onto an accelerator is one byte range: it goes through the engine's pinned slabs
+    with non-blocking copies, and only those bytes cross; other selections are read on the CPU and moved."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(64, 1024, generator=g)
+    v = torch.arange(10)
+    path = tmp_path / "rows.safetensors"
+    save_file({"w": w, "v": v}, path)
+    with safe_open(path, "pt", device="npu:1", backend=backend) as f:
+        npu_sim.reset_copy_stats()
+        rows = f.get_slice("w")[10:20]
+        assert rows.device == torch.device("npu", 1) and npu_sim.device_of(rows) == 1
+        assert torch.equal(rows.cpu(), w[10:20])
+        stats = npu_sim.copy_stats()
+        assert stats["h2d"]["bytes"] == 10 * 1024 * 4 and stats["non_blocking"] >= 1
+        one = f.get_slice("w")[-3]
+        assert one.shape == (1024,) and torch.equal(one.cpu(), w[-3])
+        assert torch.equal(f.get_slice("w")[10:20, :].cpu(), w[10:20])
+        assert f.get_slice("w")[5:2].shape == (0, 1024)
+        assert torch.equal(f.get_slice("v")[3:].cpu(), v[3:])
+        npu_sim.reset_copy_stats()
+        assert torch.equal(f.get_slice("w")[::2, 3].cpu(), w[::2, 3])  # not rows: CPU read, then moved
+        assert npu_sim.copy_stats()["non_blocking"] == 0
+        with pytest.raises(SafetensorError):
+            f.get_slice("w")[64]
+    assert not npu_sim.fallback_ops()
+
+
 def test_default_device_context_is_ignored(tmp_path):
     save_file({"w": torch.arange(3)}, tmp_path / "w.safetensors")
     with torch.device("npu:1"):
