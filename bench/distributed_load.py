@@ -55,7 +55,14 @@ def worker(args: argparse.Namespace) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=120)
     store = dist.TCPStore("127.0.0.1", args.port, world + 1, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    # --device cuda: NCCL, one GPU per rank, tensors delivered there; cpu: gloo.
+    device = "cpu" if args.device == "cpu" else f"{args.device}:{rank}"
+    backend = "gloo" if args.device == "cpu" else "nccl"
+    if args.device != "cpu":
+        import torch
+
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     path = os.path.join(args.dir, f"copy{rank}.safetensors")
     rows = []
     for rep in range(args.reps):
@@ -66,9 +73,11 @@ def worker(args: argparse.Namespace) -> None:
             stats = sdist.LoadStats()
             start = time.perf_counter()
             if mode == "distributed":
-                tensors = sdist.load_file(path, chunk_bytes=args.chunk_mib * MiB, stats=stats)
+                tensors = sdist.load_file(path, device=device, chunk_bytes=args.chunk_mib * MiB, stats=stats)
             else:
-                tensors = load_file(path, backend="pread")
+                tensors = load_file(path, device=device, backend="pread")
+            if args.device != "cpu":
+                torch.cuda.synchronize()
             seconds = time.perf_counter() - start
             rows.append({"rep": rep, "mode": mode, "rank": rank, "seconds": seconds,
                          "storage_read": _read_bytes() - before, "loader_read": stats.bytes_read,
@@ -104,7 +113,7 @@ def run_world(args: argparse.Namespace, world: int) -> list:
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=120))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--dir", args.dir, "--port", str(store.port),
-           "--reps", str(args.reps), "--chunk-mib", str(args.chunk_mib)]
+           "--reps", str(args.reps), "--chunk-mib", str(args.chunk_mib), "--device", args.device]
     env = dict(os.environ, WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r))) for r in range(world)]
     deadline = time.monotonic() + 60 + 30 * args.reps * max(1, args.size_mib // 64)
@@ -150,6 +159,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--chunk-mib", type=int, default=4, help="safetensors.distributed.DEFAULT_CHUNK_BYTES")
     parser.add_argument("--tmpdir", default=None, help="where the copies go (a disk, not tmpfs)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cpu: gloo; cuda: NCCL with one GPU per rank (worlds up to the GPU count)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -164,7 +175,8 @@ def main() -> None:
         size = os.path.getsize(os.path.join(directory, "copy0.safetensors"))
         results = {w: run_world(args, w) for w in worlds}
     print(f"checkpoint: {size / MiB:.1f} MiB, chunks of {args.chunk_mib} MiB, {args.reps} repetitions, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, gloo over loopback, a cold copy per rank")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
+          f"{'gloo over loopback' if args.device == 'cpu' else 'NCCL, tensors on the GPUs'}, a cold copy per rank")
     print(table(results, size))
 
 

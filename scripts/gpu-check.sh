@@ -45,6 +45,12 @@ $PY -m pytest -q -p no:cacheprovider tests/python/test_cuda.py tests/python/test
   tests/python/test_prefetch.py \
   2>&1 | tee "$RESULTS/gpu_tests.log" | tail -15
 
+stamp "distributed load over NCCL, one GPU per rank"
+ngpu=$(nvidia-smi -L | wc -l)
+worlds=1; [ "$ngpu" -ge 2 ] && worlds=1,2; [ "$ngpu" -ge 4 ] && worlds=1,2,4
+PYTHONUNBUFFERED=1 $PY bench/distributed_load.py --device cuda --worlds "$worlds" --size-mib 1024 --reps 2 \
+  2>&1 | tee "$RESULTS/distributed.log" | tail -12
+
 stamp "GPU load benchmark"
 PYTHONUNBUFFERED=1 $PY bench/gpu_load.py --out "$RESULTS" 2>&1 | tee "$RESULTS/gpu_bench.log"
 stamp "done"
