@@ -13,6 +13,7 @@ size, shared by every concurrent load in the process, and returned once no load 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
@@ -112,7 +113,7 @@ def stream_to_device(
             wait = False  # one forced wait; later copies are polled again
 
     try:
-        with module.device(device) if hasattr(module, "device") else _nothing():
+        with module.device(device) if hasattr(module, "device") else contextlib.nullcontext():
             while stop is None or not stop.is_set():
                 retire(False)
                 # With copies in flight, wait for the engine only briefly: if every slab is lent to a copy, the
@@ -152,14 +153,6 @@ def stream_to_device(
     while pending:
         retire(True)
     prefetcher.close()
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _cpp_view(address: int, size: int) -> memoryview:

@@ -178,6 +178,8 @@ class PrefetchLoader:
             self._direct.close()
 
     def _load_device(self, pieces: List[Tuple[str, Piece]], tensors: List[Any], device: Any) -> None:
+        import torch
+
         from . import _engine
 
         # Through the engine's slabs; a tensor lands once its copies completed (ready on any stream).
@@ -186,7 +188,7 @@ class PrefetchLoader:
             if piece[3] == piece[2]:
                 self._land([pieces[i][0]], [t])
         moving = [(i, t, piece) for i, t, piece in planned if piece[3] > piece[2]]
-        jobs = [(t.reshape(-1).view(torch_uint8()), piece[2], piece[3]) for _, t, piece in moving]
+        jobs = [(t.reshape(-1).view(torch.uint8), piece[2], piece[3]) for _, t, piece in moving]
 
         def landed(job: int) -> None:
             i = moving[job][0]
@@ -299,12 +301,6 @@ class TensorStream:
         if item is None:
             raise StopIteration
         return item
-
-
-def torch_uint8() -> Any:
-    import torch
-
-    return torch.uint8
 
 
 def _empty(piece: Piece, device: Any) -> Any:
