@@ -38,8 +38,14 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 class DtypeRow(NamedTuple):
+    """One row of the C++ dtype table (include/safetensors/dtype.h has what each field means)."""
+
     code: str
     bits: int
+    kind: str  # "bool", "signed", "unsigned", "float" or "complex"
+    swap_bytes: int
+    dlpack_code: Optional[int]
+    torch_pack: int
     torch_name: str
     numpy_name: str
 
@@ -427,8 +433,8 @@ class TensorSpec:
             supported = ", ".join(r.torch_name for r in DTYPES.values() if r.torch_name)
             raise SafetensorError(f'Unknown dtype "{dtype}". Supported dtypes: {supported}')
         dims = [int(d) for d in shape]
-        if code == "F4" and dims:
-            dims[-1] *= 2
+        if dims:
+            dims[-1] *= DTYPES[code].torch_pack  # a packed torch type (F4's x2) names storage, not values
         self._dtype = code
         self._shape = dims
         self._data_ptr = int(data_ptr)

@@ -147,9 +147,9 @@ def serialize_file(tensors: Sequence[tuple[str, str, Sequence[int], int, int]], 
     Writes [(name, dtype code, shape, data_ptr, data_len)] to path atomically. Releases the GIL.
     """
 
-def dtype_table() -> list[tuple[str, int, str, str]]:
+def dtype_table() -> list[tuple[str, int, str, int, int | None, int, str, str]]:
     """
-    [(code, bits, torch name, numpy name)] in rank order: the one dtype table.
+    [(code, bits, kind, swap bytes, DLPack code or None, torch pack, torch name, numpy name)] in rank order: the one dtype table (include/safetensors/dtype.h). kind is bool/signed/unsigned/float/complex.
     """
 
 def live_mappings() -> int:

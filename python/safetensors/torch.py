@@ -35,7 +35,6 @@ _float8_e5m2fnuz = getattr(torch, "float8_e5m2fnuz", None)
 _float8_e8m0 = getattr(torch, "float8_e8m0fnu", None)
 _float4_e2m1_x2 = getattr(torch, "float4_e2m1fn_x2", None)
 
-_F4 = _TYPES.get("F4")
 
 try:  # the capsule reader behind torch.from_dlpack, without its per-call argument handling
     from torch._C import _from_dlpack
@@ -50,21 +49,24 @@ def _getdtype(dtype_str: str) -> torch.dtype:
 # -- shapes of packed float4 -------------------------------------------------------------------------------
 
 def _torch_shape(code: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    """Header (logical) shape -> torch shape: float4_e2m1fn_x2 packs the last dimension two to a byte."""
-    if code != "F4":
+    """Header (logical) shape -> torch shape: a packed type (the table's torch_pack: float4_e2m1fn_x2 holds two
+    values per byte) divides the last dimension."""
+    pack = DTYPES[code].torch_pack
+    if pack == 1:
         return shape
-    if not shape or shape[-1] % 2:
+    if not shape or shape[-1] % pack:
         raise SafetensorError(
-            f"cannot represent an F4 tensor of shape {list(shape)} as torch.float4_e2m1fn_x2, which packs two "
-            "values per element of the last dimension (it must be even)"
+            f"cannot represent an {code} tensor of shape {list(shape)} as torch.{DTYPES[code].torch_name}, which "
+            f"packs {pack} values per element of the last dimension (it must be "
+            + ("even)" if pack == 2 else f"a multiple of {pack})")
         )
-    return shape[:-1] + (shape[-1] // 2,)
+    return shape[:-1] + (shape[-1] // pack,)
 
 
-def _header_shape(tensor: torch.Tensor) -> List[int]:
+def _header_shape(code: str, tensor: torch.Tensor) -> List[int]:
     shape = list(tensor.shape)
-    if tensor.dtype == _F4 and shape:
-        shape[-1] *= 2
+    if shape:
+        shape[-1] *= DTYPES[code].torch_pack
     return shape
 
 
@@ -421,7 +423,7 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
             value = value.to("cpu")  # meta tensors fail here, as in the reference
         keep_alive.append(value)
         nbytes = value.nelement() * _SIZE[value.dtype]
-        specs.append((name, code, _header_shape(value), value.data_ptr() if nbytes else 0, nbytes))
+        specs.append((name, code, _header_shape(code, value), value.data_ptr() if nbytes else 0, nbytes))
     return specs, keep_alive
 
 

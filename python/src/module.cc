@@ -206,25 +206,11 @@ struct ExportedView {
   std::vector<std::int64_t> shape;
 };
 
-// DLPack type of each dtype code, or lanes == 0 where DLPack (or torch's reader of it) has none.
+// DLPack type of a dtype (from the dtype table), or lanes == 0 where the legacy ABI has none.
 DLDataType dlpack_type(Dtype d) {
-  switch (d) {
-    case Dtype::kBool: return {6, 8, 1};
-    case Dtype::kU8: return {1, 8, 1};
-    case Dtype::kI8: return {0, 8, 1};
-    case Dtype::kU16: return {1, 16, 1};
-    case Dtype::kI16: return {0, 16, 1};
-    case Dtype::kU32: return {1, 32, 1};
-    case Dtype::kI32: return {0, 32, 1};
-    case Dtype::kU64: return {1, 64, 1};
-    case Dtype::kI64: return {0, 64, 1};
-    case Dtype::kF16: return {2, 16, 1};
-    case Dtype::kF32: return {2, 32, 1};
-    case Dtype::kF64: return {2, 64, 1};
-    case Dtype::kBF16: return {4, 16, 1};
-    case Dtype::kC64: return {5, 64, 1};
-    default: return {0, 0, 0};  // float8/6/4: built through frombuffer + view instead
-  }
+  const DtypeInfo& row = dtype_info(d);
+  if (row.dlpack_code == kNoDlpack) return {0, 0, 0};  // float8/6/4: built through frombuffer + view instead
+  return {row.dlpack_code, static_cast<std::uint8_t>(row.bits), 1};
 }
 
 void capsule_destructor(PyObject* capsule) {
@@ -683,14 +669,18 @@ NB_MODULE(_safetensors_cpp, m) {
       []() {
         nb::list out;
         for (const DtypeInfo& row : kDtypeTable) {
+          static constexpr const char* kKinds[] = {"bool", "signed", "unsigned", "float", "complex"};
           out.append(nb::make_tuple(nb::str(row.code.data(), row.code.size()), row.bits,
-                                    nb::str(row.torch_name.data(), row.torch_name.size()),
+                                    kKinds[static_cast<int>(row.kind)], row.swap_bytes,
+                                    row.dlpack_code == kNoDlpack ? nb::object(nb::none()) : nb::object(nb::int_(row.dlpack_code)),
+                                    row.torch_pack, nb::str(row.torch_name.data(), row.torch_name.size()),
                                     nb::str(row.numpy_name.data(), row.numpy_name.size())));
         }
         return out;
       },
-      nb::sig("def dtype_table() -> list[tuple[str, int, str, str]]"),
-      "[(code, bits, torch name, numpy name)] in rank order: the one dtype table.");
+      nb::sig("def dtype_table() -> list[tuple[str, int, str, int, int | None, int, str, str]]"),
+      "[(code, bits, kind, swap bytes, DLPack code or None, torch pack, torch name, numpy name)] in rank "
+      "order: the one dtype table (include/safetensors/dtype.h). kind is bool/signed/unsigned/float/complex.");
 
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;

@@ -42,5 +42,30 @@ TEST(DtypeTest, TorchNamesAreUniqueAndRoundTrip) {
   EXPECT_EQ(dtype_from_torch_name("float8_e8m0fnu"), Dtype::kF8_E8M0);
 }
 
+// Golden values: the byte-swap units a big-endian host uses, DLPack codes (dlpack.h: kDLInt 0, kDLUInt 1,
+// kDLFloat 2, kDLBfloat 4, kDLComplex 5, kDLBool 6) and torch's packing.
+TEST(DtypeTest, SwapWidthsDlpackCodesAndPacking) {
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kBF16), 2);
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kU16), 2);
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kF32), 4);
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kC64), 4);  // two F32 halves, each swapped on its own
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kI64), 8);
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kF8_E4M3), 0);
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kF4), 0);
+  EXPECT_EQ(dtype_swap_bytes(Dtype::kBool), 0);
+  EXPECT_EQ(dtype_info(Dtype::kBF16).dlpack_code, 4);
+  EXPECT_EQ(dtype_info(Dtype::kC64).dlpack_code, 5);
+  EXPECT_EQ(dtype_info(Dtype::kBool).dlpack_code, 6);
+  EXPECT_EQ(dtype_info(Dtype::kU64).dlpack_code, 1);
+  EXPECT_EQ(dtype_info(Dtype::kF8_E5M2).dlpack_code, kNoDlpack);
+  EXPECT_EQ(dtype_info(Dtype::kF4).torch_pack, 2);
+  EXPECT_EQ(dtype_info(Dtype::kF6_E2M3).torch_pack, 1);
+  EXPECT_EQ(dtype_kind(Dtype::kBF16), DtypeKind::kFloat);
+  EXPECT_EQ(dtype_kind(Dtype::kU8), DtypeKind::kUnsigned);
+  EXPECT_EQ(dtype_kind(Dtype::kI8), DtypeKind::kSigned);
+  EXPECT_EQ(dtype_kind(Dtype::kC64), DtypeKind::kComplex);
+  EXPECT_EQ(dtype_kind(Dtype::kBool), DtypeKind::kBool);
+}
+
 }  // namespace
 }  // namespace safetensors

@@ -64,8 +64,8 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 
 def _is_float(code: str) -> bool:
-    # Every floating-point code starts with F (F4, F6_*, F8_*, F16, F32, F64), plus BF16 and complex C64.
-    return code.startswith(("F", "BF", "C"))
+    """Floating-point values, real or complex (the dtype table's kind)."""
+    return DTYPES[code].kind in ("float", "complex")
 
 
 def _one_line(value: str, limit: int = 200) -> str:
