@@ -63,7 +63,14 @@ void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, st
 // mmap backend; the pieces keep a warm read as fast as copying out of the mapping.
 Status read_pieces(const Source& src, const std::vector<Piece>& pieces, std::uint64_t total, unsigned threads) {
   if (threads == 0) threads = internal::default_threads(total, kReadChunk);
+  for (std::size_t i = 0; i < std::min(pieces.size(), internal::kReadaheadPieces); ++i) {
+    src.prefetch(pieces[i].source_offset, pieces[i].length);
+  }
   return internal::run_parallel(pieces.size(), threads, [&](std::size_t i) {
+    if (i + internal::kReadaheadPieces < pieces.size()) {
+      const Piece& ahead = pieces[i + internal::kReadaheadPieces];
+      src.prefetch(ahead.source_offset, ahead.length);
+    }
     const Piece& p = pieces[i];
     const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
     return read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length), what);

@@ -239,6 +239,10 @@ std::uint64_t FaultySource::size() const { return base_->size(); }
 Backend FaultySource::backend() const { return base_->backend(); }
 const std::byte* FaultySource::data() const { return hide_mapping.load() ? nullptr : base_->data(); }
 bool FaultySource::writable() const { return hide_mapping.load() ? false : base_->writable(); }
+void FaultySource::prefetch(std::uint64_t offset, std::uint64_t length) const {
+  bytes_prefetched.fetch_add(length, std::memory_order_relaxed);
+  base_->prefetch(offset, length);
+}
 
 Result<std::span<const std::byte>> FaultySource::read_checked(std::uint64_t offset, std::span<std::byte> dst,
                                                               std::string_view what) const {

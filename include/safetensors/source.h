@@ -124,12 +124,15 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   mutable std::atomic<std::uint64_t> reads{0};
   // Total bytes requested through read().
   mutable std::atomic<std::uint64_t> bytes_read{0};
+  // Total bytes hinted through prefetch() (forwarded to the base).
+  mutable std::atomic<std::uint64_t> bytes_prefetched{0};
 
   const std::string& name() const override;
   std::uint64_t size() const override;
   Backend backend() const override;
   const std::byte* data() const override;
   bool writable() const override;
+  void prefetch(std::uint64_t offset, std::uint64_t length) const override;
 
  private:
   Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,

@@ -228,11 +228,13 @@ TEST(EngineTest, BytesBetweenPiecesAreNeverRead) {
     }
     faulty->bytes_read = 0;
     faulty->reads = 0;
+    faulty->bytes_prefetched = 0;
     auto pf = Prefetcher::start(*f, plan, {.threads = 2, .pool = &pool});
     ASSERT_ST_OK(pf);
     Drained d;
     ASSERT_ST_OK(drain(**pf, &d));
     EXPECT_EQ(faulty->bytes_read.load(), wanted);
+    EXPECT_EQ(faulty->bytes_prefetched.load(), wanted);  // readahead hints: every chunk, and nothing between
     EXPECT_EQ((*pf)->stats().bytes_read, wanted);
     for (std::size_t k = 0; k < plan.size(); ++k) {
       EXPECT_EQ(delivery == Delivery::kDirect ? dsts[k] : d.bytes[k], expected_bytes(*f, plan[k]));

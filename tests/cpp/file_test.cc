@@ -235,6 +235,30 @@ TEST(FileTest, FaultySourceInjectsReadErrors) {
 namespace safetensors {
 namespace {
 
+// Several threads reading one descriptor defeat the kernel's sequential readahead; each reader hints the
+// pieces ahead of it (internal::kReadaheadPieces), so a multi-piece read hints every one of its bytes.
+TEST(FileTest, ParallelReadsHintEveryPieceAheadOfTheReaders) {
+  test::TempDir dir;
+  std::vector<std::byte> a = test::random_bytes(80u << 20, 3);  // ten 8 MiB pieces
+  std::vector<TensorData> ts = {{"a", Dtype::kU8, {a.size()}, a}};
+  const std::string path = dir.file("h.safetensors");
+  ASSERT_ST_OK(save_file(path, ts));
+  auto base = open_file_source(path, Backend::kPread);
+  ASSERT_ST_OK(base);
+  auto faulty = std::make_shared<testing::FaultySource>(*base);
+  auto f = File::open(faulty);
+  ASSERT_ST_OK(f);
+  std::vector<std::byte> got(a.size());
+  const TensorInfo* t = f->find("a");
+  ReadRequest req{t, got};
+  ASSERT_ST_OK(f->read_many(std::span<const ReadRequest>(&req, 1), 2));
+  EXPECT_TRUE(got == a);
+  EXPECT_EQ(faulty->bytes_prefetched.load(), a.size());
+  faulty->bytes_prefetched = 0;
+  ASSERT_ST_OK(f->read_range(0, got, 2));
+  EXPECT_EQ(faulty->bytes_prefetched.load(), a.size());
+}
+
 TEST(FileTest, ReadRangeCopiesAdjacentTensorsInOneCall) {
   test::TempDir dir;
   std::vector<std::byte> a = test::random_bytes(3 << 20, 1), b = test::random_bytes(1000, 2);
