@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import paddle
 from paddle.utils.dlpack import from_dlpack
 
-from ._core import DTYPES, load_file_as, open_bytes, PathLike, _Reader, SafetensorError, serialize_flat, serialize_flat_file
+from ._adapter import non_contiguous_message, save_load_functions
+from ._core import DTYPES, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 from . import numpy  # noqa: F401
 from ._devices import _split_index
 from .numpy import _CODES as _NUMPY_CODES
-from .numpy import _Numpy
+from .numpy import _Converted
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -55,12 +56,6 @@ _CARRIERS = {"BF16": np.int16, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}
 
 def _getdtype(dtype_str: str) -> Any:
     return _TYPES[dtype_str]
-
-
-def _check(code: str) -> None:
-    if code not in _TYPES:
-        detail = " (paddle.uint16 is an alias of bfloat16)" if code == "U16" else ""
-        raise SafetensorError(f"dtype {code} has no paddle equivalent{detail}")
 
 
 def _from_numpy(array: np.ndarray) -> paddle.Tensor:
@@ -166,24 +161,20 @@ def _is_cpu(place: Any) -> bool:
 
 # -- the framework adapter ----------------------------------------------------------------------------------
 
-class _Paddle(_Numpy):
-    """Reads as numpy (the shared strategies), then wraps each array as a paddle tensor once it is complete."""
-
+class _Paddle(_Converted):
     name = "paddle"
+    label = "paddle"
+    codes = frozenset(_TYPES)
+
+    def refusal(self, code: str) -> str:
+        detail = " (paddle.uint16 is an alias of bfloat16)" if code == "U16" else ""
+        return super().refusal(code) + detail
 
     def resolve_device(self, device: Any) -> Any:
         return _resolve(device)
 
     def is_cpu(self, device: Any) -> bool:
         return _is_cpu(device)
-
-    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
-        _check(code)
-        return super().view(buffer, code, shape)
-
-    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
-        _check(code)
-        return super().empty(code, shape)
 
     def to_device(self, tensor: np.ndarray, device: Any) -> paddle.Tensor:
         out = _from_numpy(tensor)
@@ -195,22 +186,13 @@ _ADAPTER = _Paddle()
 
 # -- saving ------------------------------------------------------------------------------------------------
 
-def _non_contiguous_message(name: str) -> str:
-    return (
-        f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you are "
-        "trying to save tensors which are reference of each other in which case it's recommended to save only the "
-        "full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to pack it before "
-        "saving."
-    )
-
-
 def _to_ndarray(tensor: paddle.Tensor, name: str) -> Tuple[np.ndarray, Any]:
     """``(array, tensor)``: a numpy uint8 array over the bytes of the (contiguous) tensor without a copy, and
     the CPU tensor owning them, which the caller keeps alive while the array is used. Tensors elsewhere are
     copied to the CPU first; a tensor without memory gives ``(np.empty(0), 0)``. ValueError when the tensor is
     not contiguous."""
     if not tensor.is_contiguous():
-        raise ValueError(_non_contiguous_message(name))
+        raise ValueError(non_contiguous_message(name))
     if not tensor.place.is_cpu_place():
         tensor = tensor.cpu()
     ptr = tensor.data_ptr()
@@ -247,7 +229,7 @@ def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List
     keep_alive = []
     for name, value in tensors.items():
         if not value.is_contiguous():
-            raise ValueError(_non_contiguous_message(name))
+            raise ValueError(non_contiguous_message(name))
         code = _CODES.get(value.dtype)
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
@@ -258,22 +240,6 @@ def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List
         nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[code].bits // 8
         specs.append((name, code, shape, value.data_ptr() if nbytes else 0, nbytes))
     return specs, keep_alive
-
-
-def save(tensors: Dict[str, paddle.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten_specs(tensors), metadata)
-
-
-def save_file(
-    tensors: Dict[str, paddle.Tensor],
-    filename: PathLike,
-    metadata: Optional[Dict[str, str]] = None,
-    *,
-    fsync: bool = False,
-) -> None:
-    """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
-    serialize_flat_file(_flatten_specs(tensors), filename, metadata, fsync)
 
 
 # -- loading -----------------------------------------------------------------------------------------------
@@ -302,14 +268,7 @@ def _paddle2np(paddle_dict: Dict[str, paddle.Tensor]) -> Dict[str, np.ndarray]:
     return paddle_dict
 
 
-def load(data: bytes, device: Union[str, int, Any] = "cpu") -> Dict[str, paddle.Tensor]:
-    """Every tensor of the file in ``data``, on ``device``; CPU tensors own their memory."""
-    file = open_bytes(data)
-    return _ADAPTER.load_all(_Reader(file, _ADAPTER, _resolve(device), zero_copy=False), file.infos())
-
-
-def load_file(
-    filename: PathLike, device: Union[str, int, Any] = "cpu", *, backend: str = "mmap"
-) -> Dict[str, paddle.Tensor]:
-    """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
-    return load_file_as("paddle", filename, device, backend)
+save, save_file, load, load_file = save_load_functions(
+    __name__, "paddle", _ADAPTER, _flatten_specs, paddle.Tensor, "paddle.Tensor",
+    with_device=frozenset({"load", "load_file"}),
+)
