@@ -27,7 +27,7 @@ from ._core import DTYPES, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 from . import numpy  # noqa: F401
-from ._devices import _split_index
+from ._devices import PADDLE, resolve_device
 from .numpy import _CODES as _NUMPY_CODES
 from .numpy import _Converted
 
@@ -71,88 +71,9 @@ def _from_numpy(array: np.ndarray) -> paddle.Tensor:
 
 # -- devices -----------------------------------------------------------------------------------------------
 
-_PLACE_TYPES = tuple(
-    getattr(paddle.base.core, name)
-    for name in ("Place", "CPUPlace", "CUDAPlace", "CUDAPinnedPlace", "XPUPlace", "CustomPlace", "IPUPlace")
-    if hasattr(paddle.base.core, name)
-)
-# Device types the reference accepts that paddle reaches only through a custom device plugin, or not at all.
-_PLUGIN_TYPES = ("npu", "mlu", "musa", "hpu")
-_FOREIGN_TYPES = ("mps", "xla")
-
-
-def _custom_types() -> List[str]:
-    return list(paddle.device.get_all_custom_device_type() or [])
-
-
-def _count(kind: str) -> int:
-    if kind == "gpu":
-        return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
-    if kind == "xpu":
-        return paddle.device.xpu.device_count() if paddle.is_compiled_with_xpu() else 0
-    return sum(1 for d in (paddle.device.get_available_custom_device() or []) if d.split(":")[0] == kind)
-
-
-def _current_index(kind: str) -> int:
-    """The index of paddle's current device when it is of type ``kind``, else 0."""
-    current = paddle.device.get_device()
-    current_kind, _, index = current.partition(":")
-    return int(index) if current_kind == kind and index.isdigit() else 0
-
-
-def _place(kind: str, index: int) -> Any:
-    if kind == "gpu":
-        return paddle.CUDAPlace(index)
-    if kind == "xpu":
-        return paddle.XPUPlace(index)
-    return paddle.CustomPlace(kind, index)
-
-
 def _resolve(device: Any) -> Any:
-    """The paddle Place for ``device``. Errors: SafetensorError for an unknown or unreachable device,
-    ValueError for a malformed index."""
-    if isinstance(device, _PLACE_TYPES):
-        return device
-    if isinstance(device, bool):
-        raise SafetensorError(f"device {device} is invalid")
-    if isinstance(device, int):
-        if device < 0:
-            raise SafetensorError(f"device {device} is invalid")
-        kinds = [k for k in ("gpu", "xpu") if _count(k)] + [k for k in _custom_types() if _count(k)]
-        if not kinds:
-            raise SafetensorError(
-                f"device {device} is invalid: an integer names a device of the current accelerator, "
-                "and paddle reports no accelerator on this machine"
-            )
-        kind, index = kinds[0], device
-    elif isinstance(device, str):
-        kind, index = _split_index(device)
-        if kind == "cpu":
-            if index is not None:
-                raise SafetensorError(f"device {device} is invalid")
-            return paddle.CPUPlace()
-        if kind in ("cuda", "dcu"):
-            kind = "gpu"
-        if kind not in ("gpu", "xpu") and kind not in _custom_types():
-            if kind in _PLUGIN_TYPES:
-                raise SafetensorError(
-                    f"device {device} is not available: paddle has no '{kind}' device here "
-                    f"(install and load the PaddleCustomDevice plugin for {kind})"
-                )
-            if kind in _FOREIGN_TYPES:
-                raise SafetensorError(f"Device {device} is not supported for framework paddle")
-            raise SafetensorError(f"device {device} is invalid")
-        if index is None:
-            index = _current_index(kind)
-    else:
-        raise SafetensorError(f"device {device} is invalid")
-    count = _count(kind)
-    if index >= count:
-        raise SafetensorError(
-            f"device {device} is not available: paddle reports {count} '{kind}' device(s)"
-            + ("" if count or kind not in ("gpu", "xpu") else f" (this paddle is not built with {kind} support)")
-        )
-    return _place(kind, index)
+    """The paddle Place for ``device`` (the one resolver, _devices.py, with paddle's runtime)."""
+    return resolve_device(device, PADDLE)
 
 
 def _is_cpu(place: Any) -> bool:
