@@ -14,14 +14,16 @@ tensors raise SafetensorError rather than load as bfloat16.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
 from paddle.utils.dlpack import from_dlpack
 
+from . import _engine
 from ._adapter import non_contiguous_message, save_load_functions
 from ._core import DTYPES, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
@@ -80,6 +82,89 @@ def _is_cpu(place: Any) -> bool:
     return isinstance(place, paddle.CPUPlace) or (hasattr(place, "is_cpu_place") and place.is_cpu_place())
 
 
+# -- accelerators: the loading engine -----------------------------------------------------------------------
+
+#: Test hook: CPU loads take the engine's staged path too (slabs, copies, their release), so it runs end to end
+#: on a machine without an accelerator.
+_STAGE_CPU = False
+
+
+def _stages(place: Any) -> bool:
+    """True for places whose loads stream through the engine: every device but the CPU."""
+    return _STAGE_CPU or not _is_cpu(place)
+
+
+class _PaddleCopier:
+    """The engine's copies through paddle (see _engine.DeviceCopier): each slab range becomes a paddle host
+    tensor copied into a byte range of the destination with ``copy_``. From page-locked slabs
+    (``CUDAPinnedPlace``, where paddle has CUDA) the copy is non-blocking and an event on the place's current
+    stream says when it is done; from other host memory, or where paddle has no event for the place, copies
+    are blocking, so a slab goes back to the pool as soon as its copy returns."""
+
+    framework = "paddle"
+
+    def __init__(self, place: Any) -> None:
+        self._place = place
+        self._events = not _is_cpu(place) and hasattr(paddle.device, "Event")
+
+    @staticmethod
+    def allocate(size: int) -> Tuple[int, Any]:
+        if paddle.is_compiled_with_cuda():
+            try:
+                pinned = paddle.empty([size], dtype=paddle.uint8, pin_memory=True)
+                return pinned.data_ptr(), pinned
+            except (RuntimeError, ValueError, MemoryError):  # no page-locked memory: pageable, blocking copies
+                pass
+        array = np.empty(size, dtype=np.uint8)
+        return array.ctypes.data, array
+
+    def context(self) -> Any:
+        return paddle.device.device_guard(self._place) if self._events else contextlib.nullcontext()
+
+    def copy(self, dst: paddle.Tensor, offset: int, size: int, address: int, slab: Optional[Tuple[Any, int]]) -> None:
+        target = dst._slice(offset, offset + size)
+        if slab is not None and isinstance(slab[0], paddle.Tensor):  # page-locked: may complete later
+            owner, start = slab
+            target.copy_(owner._slice(start, start + size), not self._events)
+        else:
+            target.copy_(from_dlpack(np.frombuffer(_engine.host_view(address, size), dtype=np.uint8)), True)
+
+    def record(self) -> Optional[Any]:
+        if not self._events:
+            return None
+        event = paddle.device.Event()
+        event.record(paddle.device.current_stream(self._place))
+        return event
+
+
+def _staged(info: Tuple[str, Tuple[int, ...], int, int]) -> bool:
+    """Whether a tensor's bytes go through the engine: those with a dimension and bytes. Scalars and empty
+    tensors are read on the CPU and moved (a few bytes at most): paddle cannot reshape every dtype to 0-d or
+    allocate every dtype empty (uint32/uint64 lack the kernels)."""
+    _, shape, begin, end = info
+    return bool(shape) and end > begin
+
+
+def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]], place: Any) -> Dict[str, paddle.Tensor]:
+    """Allocates the bytes of every tensor (see _staged) on ``place`` and fills them through the engine
+    (reader threads into the slab pool, paddle copies out of the slabs), then views each as its dtype and
+    shape: the bytes as rows of the last dimension, viewed as the dtype, which only divides that dimension."""
+    buffers = []
+    jobs = []
+    for name, (code, shape, begin, end) in infos:
+        if code not in _TYPES:
+            raise SafetensorError(_ADAPTER.refusal(code))
+        buffer = paddle.empty([end - begin], dtype=paddle.uint8, device=place)
+        buffers.append(buffer)
+        jobs.append((buffer, begin, end))
+    _engine.fill(file, jobs, place, copier=_PaddleCopier(place), names=[name for name, _ in infos])
+    out = {}
+    for (name, (code, shape, _, _)), buffer in zip(infos, buffers):
+        rows = list(shape[:-1]) + [shape[-1] * DTYPES[code].bits // 8]
+        out[name] = buffer.reshape(rows).view(_TYPES[code])
+    return out
+
+
 # -- the framework adapter ----------------------------------------------------------------------------------
 
 class _Paddle(_Converted):
@@ -100,6 +185,18 @@ class _Paddle(_Converted):
     def to_device(self, tensor: np.ndarray, device: Any) -> paddle.Tensor:
         out = _from_numpy(tensor)
         return out if _is_cpu(device) else out.to(device=device)
+
+    def load_one(self, reader: Any, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> paddle.Tensor:
+        if _stages(reader.device) and _staged(info):
+            return _staged_load(reader.file, [(name, info)], reader.device)[name]
+        return super().load_one(reader, name, info)
+
+    def load_all(self, reader: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Dict[str, paddle.Tensor]:
+        if not _stages(reader.device):
+            return super().load_all(reader, infos)
+        staged = _staged_load(reader.file, [(name, info) for name, info in infos if _staged(info)], reader.device)
+        return {name: staged[name] if name in staged else super(_Paddle, self).load_one(reader, name, info)
+                for name, info in infos}
 
 
 _ADAPTER = _Paddle()
