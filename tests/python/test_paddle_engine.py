@@ -61,7 +61,7 @@ def staged(monkeypatch: pytest.MonkeyPatch) -> Iterator[Dict[str, Any]]:
     monkeypatch.setattr(st_paddle._PaddleCopier, "allocate", staticmethod(counting_allocate))
     monkeypatch.setattr(st_paddle._PaddleCopier, "copy", counting_copy)
     monkeypatch.setattr(_engine, "_free", counting_free)
-    monkeypatch.setattr(_engine, "_allocator_framework", None)  # installs the counting allocator
+    _engine._allocator_framework = None  # the next load installs the counting allocator
     _engine._cpp.slab_pool_set_slab_bytes(SLAB)
     _engine.set_staging_capacity(4 * SLAB)
     try:
@@ -70,7 +70,7 @@ def staged(monkeypatch: pytest.MonkeyPatch) -> Iterator[Dict[str, Any]]:
         _engine.set_staging_capacity(256 << 20)
         _engine._cpp.slab_pool_set_slab_bytes(8 << 20)
         _engine._cpp.slab_pool_set_allocator()
-        _engine._allocator_framework = None
+        _engine._allocator_framework = None  # the next load, of any framework, installs its own again
 
 
 def _returned(counts: Dict[str, Any]) -> None:
