@@ -4,6 +4,8 @@
 process-wide pool, paddle copies out of each slab into the destination's bytes, the slab recycled after its
 copy. Slabs here are 4 KiB and the pool holds four, so tensors span slabs, slabs hold several tensors, and
 slabs are reused many times within one load. Every result is compared byte for byte with the plain load.
+A copier whose copies complete later (as on a device stream) checks that a slab is recycled only once its copy
+completed, with a negative control that removes the engine's event wait and sees the data corrupted.
 """
 
 from __future__ import annotations
@@ -92,18 +94,24 @@ def every_dtype(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _plain(path: Path, backend: str) -> Dict[str, Tuple[str, Tuple[int, ...], bytes]]:
+Dumps = Dict[str, Tuple[str, Tuple[int, ...], bytes]]
+
+
+@pytest.fixture(scope="module")
+def plain(every_dtype: Path) -> Dict[str, Dumps]:
+    """The plain load of every_dtype (no engine), by backend."""
     assert not st_paddle._STAGE_CPU
-    return {name: _dump(t) for name, t in st_paddle.load_file(path, backend=backend).items()}
+    out = {b: {name: _dump(t) for name, t in st_paddle.load_file(every_dtype, backend=b).items()}
+           for b in ("mmap", "pread")}
+    assert sorted(out["mmap"]) == sorted(f"{c}_{i}" for c in PADDLE_CODES for i in range(len(SHAPES)))
+    return out
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_every_dtype_through_the_engine_equals_the_plain_load(
-    backend: str, every_dtype: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    backend: str, every_dtype: Path, plain: Dict[str, Dumps], staged: Dict[str, Any]
 ) -> None:
-    expected = _plain(every_dtype, backend)
-    assert sorted(expected) == sorted(f"{c}_{i}" for c in PADDLE_CODES for i in range(len(SHAPES)))
-    counts = request.getfixturevalue("staged")
+    expected, counts = plain[backend], staged
     loaded = st_paddle.load_file(every_dtype, backend=backend)
     # More copies than tensors with bytes: large tensors are copied slab by slab.
     assert counts["copies"] > sum(1 for _, shape, data in expected.values() if data)
@@ -118,6 +126,7 @@ def test_every_dtype_through_the_engine_equals_the_plain_load(
 
 
 def test_the_plain_load_does_not_stage(every_dtype: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not st_paddle._STAGE_CPU
     copies: List[int] = []
     monkeypatch.setattr(st_paddle._PaddleCopier, "copy", lambda self, *args: copies.append(1))
     st_paddle.load_file(every_dtype)
@@ -143,3 +152,94 @@ def test_a_refused_dtype_raises_before_anything_is_read(tmp_path: Path, staged: 
     with pytest.raises(st_paddle.SafetensorError, match=r"^dtype U16 has no paddle equivalent \(paddle.uint16"):
         st_paddle.load_file(path)
     assert staged["copies"] == 0
+
+
+# -- a slab goes back to the pool only once its copy completed -------------------------------------------------
+
+class _LateEvent:
+    """Completes on its third query, or when synchronized: then every copy issued before it runs."""
+
+    def __init__(self, copier: "_LateCopier") -> None:
+        self._copier, self._upto, self._queries = copier, copier.issued, 0
+
+    def query(self) -> bool:
+        self._queries += 1
+        if self._queries < 3:
+            self._copier.late_queries += 1
+            return False
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
+        self._copier.complete(self._upto)
+
+
+class _LateCopier(st_paddle._PaddleCopier):
+    """Paddle's copier with copies that complete later, as on a device stream: each copy is queued and runs (out
+    of the slab, as it is then) when an event recorded after it completes."""
+
+    made: List["_LateCopier"] = []
+
+    def __init__(self, place: Any) -> None:
+        super().__init__(place)
+        self.queue: List[Tuple[Any, ...]] = []
+        self.issued = self.late_queries = 0
+        _LateCopier.made.append(self)
+
+    def copy(self, *args: Any) -> None:
+        self.queue.append(args)
+        self.issued += 1
+
+    def complete(self, upto: int) -> None:
+        done = self.issued - len(self.queue)
+        while done < upto:
+            super().copy(*self.queue.pop(0))
+            done += 1
+
+    def record(self) -> _LateEvent:
+        return _LateEvent(self)
+
+
+@pytest.fixture
+def late(staged: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> List[Any]:
+    """Late copies; the slabs' memory is kept alive after the pool frees it, so a copy that runs too late reads
+    stale bytes, never freed memory."""
+    kept: List[Any] = []
+    allocate = st_paddle._PaddleCopier.allocate
+
+    def keeping(size: int) -> Tuple[int, Any]:
+        address, owner = allocate(size)
+        kept.append(owner)
+        return address, owner
+
+    monkeypatch.setattr(_LateCopier, "allocate", staticmethod(keeping))
+    monkeypatch.setattr(st_paddle, "_PaddleCopier", _LateCopier)
+    _LateCopier.made.clear()
+    return kept
+
+
+def test_late_copies_complete_before_their_slab_is_reused(
+    every_dtype: Path, plain: Dict[str, Dumps], late: List[Any]
+) -> None:
+    expected = plain["pread"]
+    loaded = {name: _dump(t) for name, t in st_paddle.load_file(every_dtype, backend="pread").items()}
+    (copier,) = _LateCopier.made
+    assert copier.late_queries > 0 and copier.queue == []  # copies were late, and all ran within the load
+    assert loaded == expected
+
+
+def test_without_the_event_wait_slabs_are_reused_too_early(
+    every_dtype: Path, plain: Dict[str, Dumps], late: List[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: with the engine's event checks removed, the late copies read recycled slabs."""
+    expected = plain["pread"]
+    monkeypatch.setattr(_engine, "_done", lambda event: True)
+    monkeypatch.setattr(_engine, "_await", lambda event: None)
+    tensors = st_paddle.load_file(every_dtype, backend="pread")
+    (copier,) = _LateCopier.made
+    assert copier.queue  # nothing waited for them
+    copier.complete(copier.issued)
+    loaded = {name: _dump(t) for name, t in tensors.items()}
+    assert loaded.keys() == expected.keys()
+    corrupted = [name for name in expected if loaded[name] != expected[name]]
+    assert len(corrupted) > 0, "late copies read the bytes they were issued for, though their slabs were reused"
