@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, FrozenSet, NamedTuple, Optional
 
 from ._core import Flattened, Framework, load_file_as, open_bytes, PathLike, serialize_flat, serialize_flat_file
 
-__all__ = ["SaveLoad", "non_contiguous_message", "save_load_functions"]
+__all__ = ["SaveLoad", "from_numpy_in_place", "non_contiguous_message", "save_load_functions"]
 
 
 def non_contiguous_message(name: str) -> str:
@@ -111,3 +111,18 @@ def save_load_functions(
         function.__annotations__ = dict(annotations[name], **({"device": Any} if device else {}))
         functions[name] = function
     return SaveLoad(**functions)
+
+
+def from_numpy_in_place(module: str, name: str, adapter: Framework) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
+    """The reference's ``_np2<framework>(numpy_dict)`` helper of ``module``: replaces each array of the dict by
+    the adapter's tensor of it, in place, and returns the dict."""
+
+    def convert(numpy_dict: Dict[str, Any]) -> Dict[str, Any]:
+        for key, value in numpy_dict.items():
+            numpy_dict[key] = adapter.to_device(value, "cpu")
+        return numpy_dict
+
+    convert.__module__, convert.__name__, convert.__qualname__ = module, name, name
+    convert.__doc__ = (f"Replaces each array of ``numpy_dict`` by its {adapter.name} tensor, in place (as the "
+                       "reference does); returns the dict.")
+    return convert

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._adapter import save_load_functions
+from ._adapter import from_numpy_in_place, save_load_functions
 from ._core import DTYPES
 # Names the reference's module also offers (other projects import them from here).
 from ._core import safe_open  # noqa: F401
@@ -50,14 +50,6 @@ def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]
     return _flatten_specs(_to_numpy(tensors))
 
 
-def _np2jnp(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
-    """Replaces each array of ``numpy_dict`` by its jax array, in place (as the reference does); returns the
-    dict."""
-    for name, value in numpy_dict.items():
-        numpy_dict[name] = _ADAPTER.to_device(value, None)
-    return numpy_dict
-
-
 def _jnp2np(jnp_dict: Dict[str, jax.Array]) -> Dict[str, np.ndarray]:
     """Replaces each array of ``jnp_dict`` by ``np.asarray`` of it, in place (as the reference does); returns
     the dict."""
@@ -66,4 +58,5 @@ def _jnp2np(jnp_dict: Dict[str, jax.Array]) -> Dict[str, np.ndarray]:
     return jnp_dict
 
 
+_np2jnp = from_numpy_in_place(__name__, "_np2jnp", _ADAPTER)
 save, save_file, load, load_file = save_load_functions(__name__, "flax", _ADAPTER, _save_specs, jax.Array, "jax.Array")

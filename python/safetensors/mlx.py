@@ -13,7 +13,7 @@ import ml_dtypes
 import mlx.core as mx
 import numpy as np
 
-from ._adapter import save_load_functions
+from ._adapter import from_numpy_in_place, save_load_functions
 # Names the reference's module also offers (other projects import them from here).
 from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
@@ -57,14 +57,6 @@ def _mx2np(mx_dict: Dict[str, mx.array]) -> Dict[str, np.ndarray]:
     return {name: _host(value) for name, value in mx_dict.items()}
 
 
-def _np2mx(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, mx.array]:
-    """Replaces each array of ``numpy_dict`` by its MLX array, in place (as the reference does); returns the
-    dict."""
-    for name, value in numpy_dict.items():
-        numpy_dict[name] = _ADAPTER.to_device(value, None)
-    return numpy_dict
-
-
 def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]:
     """Host arrays of ``tensors`` (the caller's dict is left as it is), described for the writer. Anything
     ``np.asarray`` takes is accepted, as with the reference."""
@@ -73,4 +65,5 @@ def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]
     return _flatten_specs(_mx2np(tensors))
 
 
+_np2mx = from_numpy_in_place(__name__, "_np2mx", _ADAPTER)
 save, save_file, load, load_file = save_load_functions(__name__, "mlx", _ADAPTER, _save_specs, mx.array, "mx.array")

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import tensorflow as tf
 
-from ._adapter import save_load_functions
+from ._adapter import from_numpy_in_place, save_load_functions
 # Names the reference's module also offers (other projects import them from here).
 from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
@@ -64,14 +64,6 @@ def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]
     return _flatten_specs(_to_numpy(tensors))
 
 
-def _np2tf(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, tf.Tensor]:
-    """Replaces each array of ``numpy_dict`` by its TensorFlow tensor, in place (as the reference does);
-    returns the dict."""
-    for name, value in numpy_dict.items():
-        numpy_dict[name] = _ADAPTER.to_device(value, None)
-    return numpy_dict
-
-
 def _tf2np(tf_dict: Dict[str, tf.Tensor]) -> Dict[str, np.ndarray]:
     """Replaces each tensor of ``tf_dict`` by its ``.numpy()`` value, in place (as the reference does; a 0-d
     tensor gives a numpy scalar); returns the dict."""
@@ -80,4 +72,5 @@ def _tf2np(tf_dict: Dict[str, tf.Tensor]) -> Dict[str, np.ndarray]:
     return tf_dict
 
 
+_np2tf = from_numpy_in_place(__name__, "_np2tf", _ADAPTER)
 save, save_file, load, load_file = save_load_functions(__name__, "tf", _ADAPTER, _save_specs, tf.Tensor, "tf.Tensor")
