@@ -19,7 +19,7 @@ order of the checks and every message live here once.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Tuple
+from typing import Any, List, Optional, Protocol, Tuple
 
 from ._safetensors_cpp import SafetensorError
 
@@ -183,7 +183,7 @@ class _Paddle:
         names = ("Place", "CPUPlace", "CUDAPlace", "CUDAPinnedPlace", "XPUPlace", "CustomPlace", "IPUPlace")
         return device if isinstance(device, tuple(getattr(core, n) for n in names if hasattr(core, n))) else None
 
-    def _custom_types(self) -> list:
+    def _custom_types(self) -> List[str]:
         import paddle
 
         return list(paddle.device.get_all_custom_device_type() or [])
