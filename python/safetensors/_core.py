@@ -195,10 +195,10 @@ class Framework:
             for name, (code, shape, _, _) in infos
         }
 
-    def load_copies(self, file: "_cpp.File") -> Dict[str, Any]:
-        """Every tensor of ``file`` copied into memory of its own, on the CPU (for ``load(bytes)``)."""
+    def load_copies(self, file: "_cpp.File", device: Any = "cpu") -> Dict[str, Any]:
+        """Every tensor of ``file`` copied into memory of its own, on ``device`` (for ``load(bytes)``)."""
         with gc_paused():
-            return self.get_all(_Reader(file, self, self.resolve_device("cpu"), zero_copy=False))
+            return self.get_all(_Reader(file, self, self.resolve_device(device), zero_copy=False))
 
     def load_slice(self, reader: "_Reader", name: str, code: str, plan: IndexPlan) -> Any:
         reads = plan.reads()

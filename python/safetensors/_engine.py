@@ -1,10 +1,12 @@
-"""The torch side of the C++ loading engine (include/safetensors/engine.h): the one accelerated path.
+"""The Python side of the C++ loading engine (include/safetensors/engine.h): the one accelerated path.
 
 The engine reads a plan of data-buffer ranges with a pool of reader threads (positional reads) into slabs of
-one process-wide, bounded slab pool; this module supplies what needs torch -- page-locked slab memory, the
-non-blocking device copy out of each slab and its event -- and returns a slab to the pool only once the device
-has finished copying out of it. ``load_file(device=...)``, ``get_tensors()``, ``load_model(device=...)``,
-``prefetch`` onto accelerators and the distributed loader's reads all go through :func:`stream_to_device`.
+one process-wide, bounded slab pool. What needs a framework comes from a ``DeviceCopier``: host memory for the
+slabs (page-locked where the framework has it), the copy out of a slab to the device, and an event that says
+when that copy is done. The loop here returns a slab to the pool only once the copies out of it completed.
+``TorchCopier`` serves every device torch knows (``load_file(device=...)``, ``get_tensors()``,
+``load_model(device=...)``, ``prefetch`` onto accelerators and the distributed loader's reads); paddle's copier
+is in ``safetensors/paddle.py``.
 
 Host staging memory is the pool's capacity (``set_staging_capacity``, default 256 MiB) whatever the model
 size, shared by every concurrent load in the process, and returned once no load is running.
@@ -14,22 +16,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
 import threading
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
-
-import torch
+from functools import partial
+from typing import Any, Callable, ContextManager, Deque, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import _safetensors_cpp as _cpp
 
 #: Reader threads per load (tests lower it to make slab order deterministic).
 READER_THREADS = 8
-
-# Slab memory: torch tensors, page-locked where torch offers pinned memory for the accelerator, kept by address
-# while the pool holds them.
-_slabs: Dict[int, torch.Tensor] = {}
-_allocator_lock = threading.Lock()
-_allocator_installed = False
 
 
 def set_staging_capacity(nbytes: int) -> None:
@@ -42,13 +38,41 @@ if os.environ.get("SAFETENSORS_STAGING_BYTES"):
     set_staging_capacity(int(os.environ["SAFETENSORS_STAGING_BYTES"]))
 
 
-def _alloc(size: int) -> int:
-    try:
-        slab = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=True)
-    except RuntimeError:  # no pinned-memory allocator for this accelerator: pageable slabs, synchronous copies
-        slab = torch.empty(size, dtype=torch.uint8, device="cpu")
-    address = slab.data_ptr()
-    _slabs[address] = slab
+class DeviceCopier(Protocol):
+    """How one framework moves staged bytes to one device. Events are objects with ``query()`` and
+    ``synchronize()`` (torch's and paddle's events both are)."""
+
+    #: The framework whose slab memory ``copy`` receives as an owner (see ``allocate``).
+    framework: str
+
+    @staticmethod
+    def allocate(size: int) -> Tuple[int, Any]:
+        """Host memory for one slab of the pool, page-locked where the framework can: ``(address, owner)``,
+        the owner keeping the memory alive until the pool frees it."""
+
+    def context(self) -> ContextManager[Any]:
+        """Entered around a whole load (makes the device current)."""
+
+    def copy(self, dst: Any, offset: int, size: int, address: int, slab: Optional[Tuple[Any, int]]) -> None:
+        """Issues the copy of the ``size`` bytes at host ``address`` into bytes ``[offset, offset + size)`` of
+        the job's destination ``dst``. ``slab`` is ``(owner, start)`` when the bytes lie in memory this
+        framework's ``allocate`` made (at ``start`` in it), else None: another allocator's memory, to be
+        copied by address."""
+
+    def record(self) -> Optional[Any]:
+        """An event completing once every copy issued so far completed, or None when they already have."""
+
+
+# The slab memory of the pool's allocator, by address: (framework, owner). The pool has one allocator at a
+# time, that of the framework whose load started last; slabs another framework allocated are copied by address.
+_slabs: Dict[int, Tuple[str, Any]] = {}
+_allocator_lock = threading.Lock()
+_allocator_framework: Optional[str] = None
+
+
+def _alloc(copier: type, size: int) -> int:
+    address, owner = copier.allocate(size)
+    _slabs[address] = (copier.framework, owner)
     return address
 
 
@@ -56,13 +80,18 @@ def _free(address: int, size: int) -> None:
     _slabs.pop(address, None)
 
 
-def _install_pinned_allocator() -> None:
-    """Slabs come from torch (pinned for the current accelerator) from the first accelerated load on."""
-    global _allocator_installed
+def _use_allocator(copier: DeviceCopier) -> None:
+    """Slabs allocated from now on come from ``copier``'s framework (slabs in use keep their maker)."""
+    global _allocator_framework
     with _allocator_lock:
-        if not _allocator_installed:
-            _cpp.slab_pool_set_allocator(_alloc, _free)
-            _allocator_installed = True
+        if _allocator_framework != copier.framework:
+            _cpp.slab_pool_set_allocator(partial(_alloc, type(copier)), _free)
+            _allocator_framework = copier.framework
+
+
+def host_view(address: int, size: int) -> memoryview:
+    """The ``size`` bytes at ``address`` (memory the engine lends), as a writable memoryview."""
+    return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")
 
 
 # The seams the negative-control tests replace: whether a device event has completed, and waiting for one.
@@ -74,37 +103,39 @@ def _await(event: Any) -> None:
     event.synchronize()
 
 
-Job = Tuple[torch.Tensor, int, int]  # (destination bytes on the device, begin, end) in data-buffer offsets
+Job = Tuple[Any, int, int]  # (destination: 1-d bytes of device memory, begin, end) in data-buffer offsets
 
 
 def stream_to_device(
     file: Any,
     jobs: Sequence[Job],
-    device: torch.device,
+    device: Any,
     on_piece: Optional[Callable[[int], None]] = None,
     stop: Optional[threading.Event] = None,
     threads: Optional[int] = None,
+    copier: Optional[DeviceCopier] = None,
+    names: Optional[Sequence[str]] = None,
 ) -> None:
-    """Fills each job's destination (a 1-d uint8 view of device memory of ``end - begin`` bytes) with those
-    data-buffer bytes of ``file``. ``on_piece(i)`` runs (on this thread) once job i's bytes are on the device
-    (its copies completed: the tensor is ready on any stream). ``stop`` set: the load stops early. Raises the
-    readers' error (a short read names the file and the tensor) after waiting for every copy already issued.
+    """Fills each job's destination (``end - begin`` bytes of device memory) with those data-buffer bytes of
+    ``file``, through ``copier`` (default: a TorchCopier for the ``torch.device`` ``device``). ``on_piece(i)``
+    runs (on this thread) once job i's bytes are on the device (its copies completed: the tensor is ready on
+    any stream). ``stop`` set: the load stops early. Raises the readers' error (a short read names the file and
+    the tensor: ``names[i]`` is job i's tensor, for the messages) after waiting for every copy already issued.
     """
     if not jobs:
         return
-    _install_pinned_allocator()
-    module = torch.get_device_module(device.type)
-    stream = module.current_stream(device)
-    plan = [("", begin, end, None) for _, begin, end in jobs]
+    copier = copier if copier is not None else TorchCopier(device)
+    _use_allocator(copier)
+    plan = [(names[i] if names else "", begin, end, None) for i, (_, begin, end) in enumerate(jobs)]
     prefetcher = _cpp.Prefetcher(file, plan, threads=threads or READER_THREADS)
-    # Copies issued and not known to be complete, in issue order (the stream runs them in that order):
-    # (event, slab handle, the job they complete or -1).
+    # Copies issued and not known to be complete, in issue order (a stream runs them in that order):
+    # (event or None when already complete, slab handle, the job they complete or -1).
     pending: Deque[Tuple[Any, int, int]] = collections.deque()
 
     def retire(wait: bool) -> None:
-        while pending and (wait or _done(pending[0][0])):
+        while pending and (wait or pending[0][0] is None or _done(pending[0][0])):
             event, slab, piece = pending[0]
-            if wait:
+            if wait and event is not None:
                 _await(event)
             pending.popleft()
             prefetcher.release(slab)
@@ -113,7 +144,7 @@ def stream_to_device(
             wait = False  # one forced wait; later copies are polled again
 
     try:
-        with module.device(device) if hasattr(module, "device") else contextlib.nullcontext():
+        with copier.context():
             while stop is None or not stop.is_set():
                 retire(False)
                 # With copies in flight, wait for the engine only briefly: if every slab is lent to a copy, the
@@ -125,27 +156,20 @@ def stream_to_device(
                     retire(True)
                     continue
                 slab = _slabs.get(event.slab_address)
-                dst = jobs[event.piece][0]
-                if slab is None:  # not our allocator's memory (another owner installed one): pageable copy
-                    source = torch.frombuffer(_cpp_view(event.address, event.size), dtype=torch.uint8)
-                    pinned = False
-                else:
-                    start = event.address - event.slab_address
-                    source = slab[start : start + event.size]
-                    pinned = slab.is_pinned()
-                dst[event.offset : event.offset + event.size].copy_(source, non_blocking=pinned)
-                done = module.Event()
-                done.record(stream)
-                pending.append((done, event.slab, event.piece if event.piece_done else -1))
+                own = slab is not None and slab[0] == copier.framework
+                copier.copy(jobs[event.piece][0], event.offset, event.size, event.address,
+                            (slab[1], event.address - event.slab_address) if own else None)
+                pending.append((copier.record(), event.slab, event.piece if event.piece_done else -1))
             if stop is not None and stop.is_set():
                 prefetcher.cancel()
     except BaseException:
         # Slabs go back to the pool only once the device stopped reading them, also on the way out of an error.
         try:
             while pending:
-                event, slab, _ = pending.popleft()
-                _await(event)
-                prefetcher.release(slab)
+                done, slab_handle, _ = pending.popleft()
+                if done is not None:
+                    _await(done)
+                prefetcher.release(slab_handle)
         except BaseException:
             pass
         prefetcher.close()
@@ -155,15 +179,51 @@ def stream_to_device(
     prefetcher.close()
 
 
-def _cpp_view(address: int, size: int) -> memoryview:
-    import ctypes
-
-    return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")
-
-
-def fill(file: Any, jobs: Sequence[Job], device: torch.device) -> None:
+def fill(file: Any, jobs: Sequence[Job], device: Any, copier: Optional[DeviceCopier] = None,
+         names: Optional[Sequence[str]] = None) -> None:
     """:func:`stream_to_device` for a whole load: returns once every destination is filled."""
-    stream_to_device(file, jobs, device)
+    stream_to_device(file, jobs, device, copier=copier, names=names)
+
+
+class TorchCopier:
+    """Copies to a ``torch.device`` through its torch device module: non-blocking copies from pinned slabs on
+    the device's current stream, each followed by an event (cuda, npu, xpu, PrivateUse1 ...)."""
+
+    framework = "torch"
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._torch = torch
+        self._device = device
+        self._module = torch.get_device_module(device.type)
+        self._stream = self._module.current_stream(device)
+
+    @staticmethod
+    def allocate(size: int) -> Tuple[int, Any]:
+        import torch
+
+        try:
+            slab = torch.empty(size, dtype=torch.uint8, device="cpu", pin_memory=True)
+        except RuntimeError:  # no pinned-memory allocator for this accelerator: pageable slabs, synchronous copies
+            slab = torch.empty(size, dtype=torch.uint8, device="cpu")
+        return slab.data_ptr(), slab
+
+    def context(self) -> ContextManager[Any]:
+        return self._module.device(self._device) if hasattr(self._module, "device") else contextlib.nullcontext()
+
+    def copy(self, dst: Any, offset: int, size: int, address: int, slab: Optional[Tuple[Any, int]]) -> None:
+        if slab is None:
+            source, pinned = self._torch.frombuffer(host_view(address, size), dtype=self._torch.uint8), False
+        else:
+            owner, start = slab
+            source, pinned = owner[start : start + size], owner.is_pinned()
+        dst[offset : offset + size].copy_(source, non_blocking=pinned)
+
+    def record(self) -> Any:
+        done = self._module.Event()
+        done.record(self._stream)
+        return done
 
 
 class DirectLoad:
@@ -204,4 +264,5 @@ def staging_stats() -> Dict[str, int]:
     return dict(_cpp.slab_pool_stats())
 
 
-__all__: List[str] = ["DirectLoad", "fill", "set_staging_capacity", "staging_stats", "stream_to_device"]
+__all__: List[str] = ["DeviceCopier", "DirectLoad", "TorchCopier", "fill", "host_view", "set_staging_capacity",
+                      "staging_stats", "stream_to_device"]

@@ -5,11 +5,12 @@ on load (low bits first, as the format stores them)."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Tuple
 
 import numpy as np
 
-from ._core import DTYPES, Framework, load_file_as, open_bytes, PathLike, SafetensorError, serialize_flat, serialize_flat_file
+from ._adapter import save_load_functions
+from ._core import DTYPES, Framework, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 
@@ -120,6 +121,35 @@ class _Numpy(Framework):
         return np.stack(tensors, axis)
 
 
+def codes_where(has: Callable[[str, np.dtype], bool]) -> FrozenSet[str]:
+    """The format codes numpy holds (with ml_dtypes) for which ``has(code, numpy dtype)`` is true: a framework's
+    support set, from the dtype table and what the framework itself reports."""
+    return frozenset(code for code, dtype in _TYPES.items() if has(code, dtype))
+
+
+class _Converted(_Numpy):
+    """A framework whose tensors are numpy arrays converted once complete (``to_device``): reads, slices and
+    the packed types are numpy's, and codes outside ``codes`` raise SafetensorError before anything is read."""
+
+    #: The framework as "dtype X has no <label> equivalent" names it.
+    label = "numpy"
+    #: The codes the framework holds (see codes_where).
+    codes: FrozenSet[str] = frozenset()
+
+    def refusal(self, code: str) -> str:
+        return f"dtype {code} has no {self.label} equivalent"
+
+    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> Any:
+        if code not in self.codes:
+            raise SafetensorError(self.refusal(code))
+        return super().view(buffer, code, shape)
+
+    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[Any, int]:
+        if code not in self.codes:
+            raise SafetensorError(self.refusal(code))
+        return super().empty(code, shape)
+
+
 class _PlainNumpy(_Numpy):
     """numpy arrays as they are (the other frameworks convert them in to_device, so they take the general
     path)."""
@@ -211,27 +241,6 @@ def _is_little_endian(tensor: np.ndarray) -> bool:
     raise ValueError(f"Unexpected byte order {order}")
 
 
-def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file holding ``tensor_dict``."""
-    return serialize_flat(_flatten_specs(tensor_dict), metadata)
-
-
-def save_file(
-    tensor_dict: Dict[str, np.ndarray],
-    filename: PathLike,
-    metadata: Optional[Dict[str, str]] = None,
-    *,
-    fsync: bool = False,
-) -> None:
-    """Writes ``tensor_dict`` to ``filename`` atomically."""
-    serialize_flat_file(_flatten_specs(tensor_dict), filename, metadata, fsync)
-
-
-def load(data: bytes) -> Dict[str, np.ndarray]:
-    """Every tensor of the file in ``data``; the arrays own their memory."""
-    return _ADAPTER.load_copies(open_bytes(data))
-
-
-def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, np.ndarray]:
-    """Every tensor of ``filename``. With ``backend="mmap"`` arrays are zero-copy views of the file."""
-    return load_file_as("np", filename, "cpu", backend)
+save, save_file, load, load_file = save_load_functions(
+    __name__, "np", _ADAPTER, _flatten_specs, np.ndarray, "numpy.ndarray", tensors="tensor_dict"
+)

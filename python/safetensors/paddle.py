@@ -14,21 +14,24 @@ tensors raise SafetensorError rather than load as bfloat16.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
 from paddle.utils.dlpack import from_dlpack
 
-from ._core import DTYPES, load_file_as, open_bytes, PathLike, _Reader, SafetensorError, serialize_flat, serialize_flat_file
+from . import _engine
+from ._adapter import non_contiguous_message, save_load_functions
+from ._core import DTYPES, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 from . import numpy  # noqa: F401
-from ._devices import _split_index
+from ._devices import PADDLE, resolve_device
 from .numpy import _CODES as _NUMPY_CODES
-from .numpy import _Numpy
+from .numpy import _Converted
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -57,12 +60,6 @@ def _getdtype(dtype_str: str) -> Any:
     return _TYPES[dtype_str]
 
 
-def _check(code: str) -> None:
-    if code not in _TYPES:
-        detail = " (paddle.uint16 is an alias of bfloat16)" if code == "U16" else ""
-        raise SafetensorError(f"dtype {code} has no paddle equivalent{detail}")
-
-
 def _from_numpy(array: np.ndarray) -> paddle.Tensor:
     """The paddle CPU tensor over ``array``'s memory (DLPack keeps ``array`` alive)."""
     code = _NUMPY_CODES[array.dtype]
@@ -76,100 +73,108 @@ def _from_numpy(array: np.ndarray) -> paddle.Tensor:
 
 # -- devices -----------------------------------------------------------------------------------------------
 
-_PLACE_TYPES = tuple(
-    getattr(paddle.base.core, name)
-    for name in ("Place", "CPUPlace", "CUDAPlace", "CUDAPinnedPlace", "XPUPlace", "CustomPlace", "IPUPlace")
-    if hasattr(paddle.base.core, name)
-)
-# Device types the reference accepts that paddle reaches only through a custom device plugin, or not at all.
-_PLUGIN_TYPES = ("npu", "mlu", "musa", "hpu")
-_FOREIGN_TYPES = ("mps", "xla")
-
-
-def _custom_types() -> List[str]:
-    return list(paddle.device.get_all_custom_device_type() or [])
-
-
-def _count(kind: str) -> int:
-    if kind == "gpu":
-        return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
-    if kind == "xpu":
-        return paddle.device.xpu.device_count() if paddle.is_compiled_with_xpu() else 0
-    return sum(1 for d in (paddle.device.get_available_custom_device() or []) if d.split(":")[0] == kind)
-
-
-def _current_index(kind: str) -> int:
-    """The index of paddle's current device when it is of type ``kind``, else 0."""
-    current = paddle.device.get_device()
-    current_kind, _, index = current.partition(":")
-    return int(index) if current_kind == kind and index.isdigit() else 0
-
-
-def _place(kind: str, index: int) -> Any:
-    if kind == "gpu":
-        return paddle.CUDAPlace(index)
-    if kind == "xpu":
-        return paddle.XPUPlace(index)
-    return paddle.CustomPlace(kind, index)
-
-
 def _resolve(device: Any) -> Any:
-    """The paddle Place for ``device``. Errors: SafetensorError for an unknown or unreachable device,
-    ValueError for a malformed index."""
-    if isinstance(device, _PLACE_TYPES):
-        return device
-    if isinstance(device, bool):
-        raise SafetensorError(f"device {device} is invalid")
-    if isinstance(device, int):
-        if device < 0:
-            raise SafetensorError(f"device {device} is invalid")
-        kinds = [k for k in ("gpu", "xpu") if _count(k)] + [k for k in _custom_types() if _count(k)]
-        if not kinds:
-            raise SafetensorError(
-                f"device {device} is invalid: an integer names a device of the current accelerator, "
-                "and paddle reports no accelerator on this machine"
-            )
-        kind, index = kinds[0], device
-    elif isinstance(device, str):
-        kind, index = _split_index(device)
-        if kind == "cpu":
-            if index is not None:
-                raise SafetensorError(f"device {device} is invalid")
-            return paddle.CPUPlace()
-        if kind in ("cuda", "dcu"):
-            kind = "gpu"
-        if kind not in ("gpu", "xpu") and kind not in _custom_types():
-            if kind in _PLUGIN_TYPES:
-                raise SafetensorError(
-                    f"device {device} is not available: paddle has no '{kind}' device here "
-                    f"(install and load the PaddleCustomDevice plugin for {kind})"
-                )
-            if kind in _FOREIGN_TYPES:
-                raise SafetensorError(f"Device {device} is not supported for framework paddle")
-            raise SafetensorError(f"device {device} is invalid")
-        if index is None:
-            index = _current_index(kind)
-    else:
-        raise SafetensorError(f"device {device} is invalid")
-    count = _count(kind)
-    if index >= count:
-        raise SafetensorError(
-            f"device {device} is not available: paddle reports {count} '{kind}' device(s)"
-            + ("" if count or kind not in ("gpu", "xpu") else f" (this paddle is not built with {kind} support)")
-        )
-    return _place(kind, index)
+    """The paddle Place for ``device`` (the one resolver, _devices.py, with paddle's runtime)."""
+    return resolve_device(device, PADDLE)
 
 
 def _is_cpu(place: Any) -> bool:
     return isinstance(place, paddle.CPUPlace) or (hasattr(place, "is_cpu_place") and place.is_cpu_place())
 
 
+# -- accelerators: the loading engine -----------------------------------------------------------------------
+
+#: Test hook: CPU loads take the engine's staged path too (slabs, copies, their release), so it runs end to end
+#: on a machine without an accelerator.
+_STAGE_CPU = False
+
+
+def _stages(place: Any) -> bool:
+    """True for places whose loads stream through the engine: every device but the CPU."""
+    return _STAGE_CPU or not _is_cpu(place)
+
+
+class _PaddleCopier:
+    """The engine's copies through paddle (see _engine.DeviceCopier): each slab range becomes a paddle host
+    tensor copied into a byte range of the destination with ``copy_``. From page-locked slabs
+    (``CUDAPinnedPlace``, where paddle has CUDA) the copy is non-blocking and an event on the place's current
+    stream says when it is done; from other host memory, or where paddle has no event for the place, copies
+    are blocking, so a slab goes back to the pool as soon as its copy returns."""
+
+    framework = "paddle"
+
+    def __init__(self, place: Any) -> None:
+        self._place = place
+        self._events = not _is_cpu(place) and hasattr(paddle.device, "Event")
+
+    @staticmethod
+    def allocate(size: int) -> Tuple[int, Any]:
+        if paddle.is_compiled_with_cuda():
+            try:
+                pinned = paddle.empty([size], dtype=paddle.uint8, pin_memory=True)
+                return pinned.data_ptr(), pinned
+            except (RuntimeError, ValueError, MemoryError):  # no page-locked memory: pageable, blocking copies
+                pass
+        array = np.empty(size, dtype=np.uint8)
+        return array.ctypes.data, array
+
+    def context(self) -> Any:
+        return paddle.device.device_guard(self._place) if self._events else contextlib.nullcontext()
+
+    def copy(self, dst: paddle.Tensor, offset: int, size: int, address: int, slab: Optional[Tuple[Any, int]]) -> None:
+        target = dst._slice(offset, offset + size)
+        if slab is not None and isinstance(slab[0], paddle.Tensor):  # page-locked: may complete later
+            owner, start = slab
+            target.copy_(owner._slice(start, start + size), not self._events)
+        else:
+            target.copy_(from_dlpack(np.frombuffer(_engine.host_view(address, size), dtype=np.uint8)), True)
+
+    def record(self) -> Optional[Any]:
+        if not self._events:
+            return None
+        event = paddle.device.Event()
+        event.record(paddle.device.current_stream(self._place))
+        return event
+
+
+def _staged(info: Tuple[str, Tuple[int, ...], int, int]) -> bool:
+    """Whether a tensor's bytes go through the engine: those with a dimension and bytes. Scalars and empty
+    tensors are read on the CPU and moved (a few bytes at most): paddle cannot reshape every dtype to 0-d or
+    allocate every dtype empty (uint32/uint64 lack the kernels)."""
+    _, shape, begin, end = info
+    return bool(shape) and end > begin
+
+
+def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]], place: Any) -> Dict[str, paddle.Tensor]:
+    """Allocates the bytes of every tensor (see _staged) on ``place`` and fills them through the engine
+    (reader threads into the slab pool, paddle copies out of the slabs), then views each as its dtype and
+    shape: the bytes as rows of the last dimension, viewed as the dtype, which only divides that dimension."""
+    buffers = []
+    jobs = []
+    for name, (code, shape, begin, end) in infos:
+        if code not in _TYPES:
+            raise SafetensorError(_ADAPTER.refusal(code))
+        buffer = paddle.empty([end - begin], dtype=paddle.uint8, device=place)
+        buffers.append(buffer)
+        jobs.append((buffer, begin, end))
+    _engine.fill(file, jobs, place, copier=_PaddleCopier(place), names=[name for name, _ in infos])
+    out = {}
+    for (name, (code, shape, _, _)), buffer in zip(infos, buffers):
+        rows = list(shape[:-1]) + [shape[-1] * DTYPES[code].bits // 8]
+        out[name] = buffer.reshape(rows).view(_TYPES[code])
+    return out
+
+
 # -- the framework adapter ----------------------------------------------------------------------------------
 
-class _Paddle(_Numpy):
-    """Reads as numpy (the shared strategies), then wraps each array as a paddle tensor once it is complete."""
-
+class _Paddle(_Converted):
     name = "paddle"
+    label = "paddle"
+    codes = frozenset(_TYPES)
+
+    def refusal(self, code: str) -> str:
+        detail = " (paddle.uint16 is an alias of bfloat16)" if code == "U16" else ""
+        return super().refusal(code) + detail
 
     def resolve_device(self, device: Any) -> Any:
         return _resolve(device)
@@ -177,17 +182,21 @@ class _Paddle(_Numpy):
     def is_cpu(self, device: Any) -> bool:
         return _is_cpu(device)
 
-    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
-        _check(code)
-        return super().view(buffer, code, shape)
-
-    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
-        _check(code)
-        return super().empty(code, shape)
-
     def to_device(self, tensor: np.ndarray, device: Any) -> paddle.Tensor:
         out = _from_numpy(tensor)
         return out if _is_cpu(device) else out.to(device=device)
+
+    def load_one(self, reader: Any, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> paddle.Tensor:
+        if _stages(reader.device) and _staged(info):
+            return _staged_load(reader.file, [(name, info)], reader.device)[name]
+        return super().load_one(reader, name, info)
+
+    def load_all(self, reader: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Dict[str, paddle.Tensor]:
+        if not _stages(reader.device):
+            return super().load_all(reader, infos)
+        staged = _staged_load(reader.file, [(name, info) for name, info in infos if _staged(info)], reader.device)
+        return {name: staged[name] if name in staged else super(_Paddle, self).load_one(reader, name, info)
+                for name, info in infos}
 
 
 _ADAPTER = _Paddle()
@@ -195,22 +204,13 @@ _ADAPTER = _Paddle()
 
 # -- saving ------------------------------------------------------------------------------------------------
 
-def _non_contiguous_message(name: str) -> str:
-    return (
-        f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you are "
-        "trying to save tensors which are reference of each other in which case it's recommended to save only the "
-        "full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to pack it before "
-        "saving."
-    )
-
-
 def _to_ndarray(tensor: paddle.Tensor, name: str) -> Tuple[np.ndarray, Any]:
     """``(array, tensor)``: a numpy uint8 array over the bytes of the (contiguous) tensor without a copy, and
     the CPU tensor owning them, which the caller keeps alive while the array is used. Tensors elsewhere are
     copied to the CPU first; a tensor without memory gives ``(np.empty(0), 0)``. ValueError when the tensor is
     not contiguous."""
     if not tensor.is_contiguous():
-        raise ValueError(_non_contiguous_message(name))
+        raise ValueError(non_contiguous_message(name))
     if not tensor.place.is_cpu_place():
         tensor = tensor.cpu()
     ptr = tensor.data_ptr()
@@ -247,7 +247,7 @@ def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List
     keep_alive = []
     for name, value in tensors.items():
         if not value.is_contiguous():
-            raise ValueError(_non_contiguous_message(name))
+            raise ValueError(non_contiguous_message(name))
         code = _CODES.get(value.dtype)
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
@@ -258,22 +258,6 @@ def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List
         nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[code].bits // 8
         specs.append((name, code, shape, value.data_ptr() if nbytes else 0, nbytes))
     return specs, keep_alive
-
-
-def save(tensors: Dict[str, paddle.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten_specs(tensors), metadata)
-
-
-def save_file(
-    tensors: Dict[str, paddle.Tensor],
-    filename: PathLike,
-    metadata: Optional[Dict[str, str]] = None,
-    *,
-    fsync: bool = False,
-) -> None:
-    """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
-    serialize_flat_file(_flatten_specs(tensors), filename, metadata, fsync)
 
 
 # -- loading -----------------------------------------------------------------------------------------------
@@ -302,14 +286,7 @@ def _paddle2np(paddle_dict: Dict[str, paddle.Tensor]) -> Dict[str, np.ndarray]:
     return paddle_dict
 
 
-def load(data: bytes, device: Union[str, int, Any] = "cpu") -> Dict[str, paddle.Tensor]:
-    """Every tensor of the file in ``data``, on ``device``; CPU tensors own their memory."""
-    file = open_bytes(data)
-    return _ADAPTER.load_all(_Reader(file, _ADAPTER, _resolve(device), zero_copy=False), file.infos())
-
-
-def load_file(
-    filename: PathLike, device: Union[str, int, Any] = "cpu", *, backend: str = "mmap"
-) -> Dict[str, paddle.Tensor]:
-    """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
-    return load_file_as("paddle", filename, device, backend)
+save, save_file, load, load_file = save_load_functions(
+    __name__, "paddle", _ADAPTER, _flatten_specs, paddle.Tensor, "paddle.Tensor",
+    with_device=frozenset({"load", "load_file"}),
+)

@@ -6,43 +6,33 @@ TensorFlow's own dtypes are) and handed to ``tf.convert_to_tensor``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from ._core import load_file_as, open_bytes, PathLike, SafetensorError, serialize_flat, serialize_flat_file
+from ._adapter import from_numpy_in_place, save_load_functions
 # Names the reference's module also offers (other projects import them from here).
 from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
-from .numpy import _Numpy, _flatten_specs
+from .numpy import _Converted, _flatten_specs, codes_where
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
-#: Format codes TensorFlow has a dtype for (no float8_e8m0fnu, no float6).
-_CODES = frozenset(
-    ["BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "BF16", "F32", "F64", "C64",
-     "F4", "F8_E5M2", "F8_E4M3", "F8_E4M3FNUZ", "F8_E5M2FNUZ"]
-)
+
+def _has_dtype(code: str, dtype: np.dtype) -> bool:
+    """True when TensorFlow has a dtype for the numpy (ml_dtypes) type ``dtype``."""
+    try:
+        tf.as_dtype(dtype)
+    except TypeError:
+        return False
+    return True
 
 
-def _check(code: str) -> None:
-    if code not in _CODES:
-        raise SafetensorError(f"dtype {code} has no tensorflow equivalent")
-
-
-class _TensorFlow(_Numpy):
-    """Reads as numpy (the shared strategies), then hands each array to TensorFlow once it is complete."""
-
+class _TensorFlow(_Converted):
     name = "tensorflow"
-
-    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
-        _check(code)
-        return super().view(buffer, code, shape)
-
-    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
-        _check(code)
-        return super().empty(code, shape)
+    label = "tensorflow"
+    codes = codes_where(_has_dtype)
 
     def to_device(self, tensor: np.ndarray, device: Any) -> tf.Tensor:
         return tf.convert_to_tensor(tensor)
@@ -70,12 +60,8 @@ def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
     return out
 
 
-def _np2tf(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, tf.Tensor]:
-    """Replaces each array of ``numpy_dict`` by its TensorFlow tensor, in place (as the reference does);
-    returns the dict."""
-    for name, value in numpy_dict.items():
-        numpy_dict[name] = _ADAPTER.to_device(value, None)
-    return numpy_dict
+def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]:
+    return _flatten_specs(_to_numpy(tensors))
 
 
 def _tf2np(tf_dict: Dict[str, tf.Tensor]) -> Dict[str, np.ndarray]:
@@ -86,27 +72,5 @@ def _tf2np(tf_dict: Dict[str, tf.Tensor]) -> Dict[str, np.ndarray]:
     return tf_dict
 
 
-def save(tensors: Dict[str, tf.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten_specs(_to_numpy(tensors)), metadata)
-
-
-def save_file(
-    tensors: Dict[str, tf.Tensor],
-    filename: PathLike,
-    metadata: Optional[Dict[str, str]] = None,
-    *,
-    fsync: bool = False,
-) -> None:
-    """Writes ``tensors`` to ``filename`` atomically."""
-    serialize_flat_file(_flatten_specs(_to_numpy(tensors)), filename, metadata, fsync)
-
-
-def load(data: bytes) -> Dict[str, tf.Tensor]:
-    """Every tensor of the file in ``data``."""
-    return _ADAPTER.load_copies(open_bytes(data))
-
-
-def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, tf.Tensor]:
-    """Every tensor of ``filename``."""
-    return load_file_as("tf", filename, "cpu", backend)
+_np2tf = from_numpy_in_place(__name__, "_np2tf", _ADAPTER)
+save, save_file, load, load_file = save_load_functions(__name__, "tf", _ADAPTER, _save_specs, tf.Tensor, "tf.Tensor")

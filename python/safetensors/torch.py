@@ -10,7 +10,8 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 import torch
 
 from . import _safetensors_cpp as _cpp
-from ._core import DTYPES, Framework, load_file_as, open_bytes, PathLike, SafetensorError, serialize_flat, serialize_flat_file
+from ._adapter import non_contiguous_message as _non_contiguous_message, save_load_functions
+from ._core import DTYPES, Framework, PathLike, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 from ._devices import resolve_torch_device
@@ -364,15 +365,6 @@ def _to_ndarray(tensor: torch.Tensor) -> Tuple[Any, Any]:
     return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8), tensor
 
 
-def _non_contiguous_message(name: str) -> str:
-    return (
-        f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you are "
-        "trying to save tensors which are reference of each other in which case it's recommended to save only the "
-        "full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to pack it before "
-        "saving."
-    )
-
-
 # -- saving ------------------------------------------------------------------------------------------------
 
 def _evaluate_tensors_for_save(tensors: Dict[str, torch.Tensor]) -> None:
@@ -438,37 +430,16 @@ def _flatten_as_ptr(tensors: Dict[str, torch.Tensor], keep_alive_buffer: List) -
     }
 
 
-def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The bytes of a safetensors file holding ``tensors``."""
-    return serialize_flat(_flatten(tensors), metadata)
-
-
-def save_file(
-    tensors: Dict[str, torch.Tensor],
-    filename: PathLike,
-    metadata: Optional[Dict[str, str]] = None,
-    *,
-    fsync: bool = False,
-) -> None:
-    """Writes ``tensors`` to ``filename`` atomically, streaming each tensor from its own memory."""
-    serialize_flat_file(_flatten(tensors), filename, metadata, fsync)
-
-
 # -- loading -----------------------------------------------------------------------------------------------
-
-def load_file(filename: PathLike, device: Union[str, int, torch.device] = "cpu", *, backend: str = "mmap") -> Dict[str, torch.Tensor]:
-    """Every tensor of ``filename`` on ``device``. With ``backend="mmap"`` CPU tensors are zero-copy views."""
-    return load_file_as("pt", filename, device, backend)
-
 
 def _view2torch(safeview: List[Tuple[str, Dict[str, Any]]]) -> Dict[str, torch.Tensor]:
     """``deserialize`` output to ``{name: CPU tensor}``; each tensor shares the memory of its ``data``."""
     return {name: _ADAPTER.view(v["data"], v["dtype"], tuple(v["shape"])) for name, v in safeview}
 
 
-def load(data: bytes) -> Dict[str, torch.Tensor]:
-    """Every tensor of the file in ``data``; the tensors own their memory."""
-    return _ADAPTER.load_copies(open_bytes(data))
+save, save_file, load, load_file = save_load_functions(
+    __name__, "pt", _ADAPTER, _flatten, torch.Tensor, "torch.Tensor", with_device=frozenset({"load_file"})
+)
 
 
 # -- models ------------------------------------------------------------------------------------------------

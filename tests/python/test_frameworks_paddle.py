@@ -162,15 +162,29 @@ def test_custom_devices_resolve_to_their_place(fake_npus: List[Tuple[Any, Any]])
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
-def test_tensors_are_copied_to_a_custom_device(backend: str, f32_file: Path, fake_npus: List[Tuple[Any, Any]]) -> None:
+def test_tensors_go_to_a_custom_device_through_the_engine(
+    backend: str, f32_file: Path, fake_npus: List[Tuple[Any, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whole tensors stream through the loading engine onto the place (test_paddle_engine.py runs that path on
+    # the CPU); here the engine's load runs onto the CPU and records the place it was asked for.
+    staged: List[Tuple[List[str], Any]] = []
+    staged_load = st_paddle._staged_load
+
+    def recording(file: Any, infos: List[Any], place: Any) -> Any:
+        staged.append(([name for name, _ in infos], place))
+        return staged_load(file, infos, paddle.CPUPlace())
+
+    monkeypatch.setattr(st_paddle, "_staged_load", recording)
     loaded = st_paddle.load_file(f32_file, device="npu:1", backend=backend)
-    assert fake_npus == [((3, 2), _FakePlace("npu", 1))]
+    assert staged == [(["t"], _FakePlace("npu", 1))] and fake_npus == []
     assert loaded["t"].numpy().tobytes() == sample("F32", (3, 2), 70).tobytes()
     with safe_open(f32_file, framework="paddle", device="npu:0", backend=backend) as f:
-        f.get_slice("t")[1:]
-    assert fake_npus[-1] == ((2, 2), _FakePlace("npu", 0))
+        assert f.get_tensor("t").numpy().tobytes() == sample("F32", (3, 2), 70).tobytes()
+        assert staged[-1] == (["t"], _FakePlace("npu", 0))
+        f.get_slice("t")[1:]  # slices are read on the CPU and moved
+    assert fake_npus == [((2, 2), _FakePlace("npu", 0))]
     st_paddle.load(f32_file.read_bytes(), device="npu")
-    assert fake_npus[-1] == ((3, 2), _FakePlace("npu", 1))
+    assert staged[-1] == (["t"], _FakePlace("npu", 1))
 
 
 # -- zero copy and lifetimes ----------------------------------------------------------------------------------------
