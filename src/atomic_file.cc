@@ -11,29 +11,18 @@
 #include <string>
 #include <utility>
 
+#include "path.h"
 #include "posix.h"
 
 namespace safetensors::internal {
 namespace {
-
-std::string dirname_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string basename_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 // A fresh, unpredictable sibling name for `path`: ".NAME.<16 hex>.tmp".
 std::string temp_name_for(const std::string& path) {
   std::random_device rd;
   char suffix[24];
   std::snprintf(suffix, sizeof suffix, ".%08x%08x.tmp", rd(), rd());
-  return dirname_of(path) + "/." + basename_of(path) + suffix;
+  return sibling_path(path, "." + basename_of(path) + suffix);
 }
 
 void report(const char* op, const std::string& path) {

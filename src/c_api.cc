@@ -21,6 +21,8 @@
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
 
+#include "quote.h"
+
 using safetensors::Dtype;
 using safetensors::Error;
 
@@ -228,7 +230,7 @@ safetensors::Result<SaveInputs> to_save_inputs(const safetensors_tensor_t* tenso
     }
     std::string name = t.name_len ? std::string(t.name, t.name_len) : std::string();
     if (t.dtype < 0 || static_cast<std::size_t>(t.dtype) >= safetensors::kDtypeTable.size()) {
-      return Error::invalid_argument(context, "tensor `" + name + "` has unknown dtype " + std::to_string(t.dtype));
+      return Error::invalid_argument(context, "tensor " + safetensors::internal::quote(name) + " has unknown dtype " + std::to_string(t.dtype));
     }
     safetensors::TensorData d;
     d.name = std::move(name);
@@ -320,7 +322,7 @@ safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len, saf
   return guarded(error, [&] {
     const std::string_view text = len ? std::string_view(code, len) : std::string_view();
     const auto d = safetensors::dtype_from_code(text);
-    if (!d) return fail(error, Error::invalid_argument("<dtype>", "unknown dtype code `" + std::string(text) + "`"));
+    if (!d) return fail(error, Error::invalid_argument("<dtype>", "unknown dtype code " + safetensors::internal::quote(text)));
     *dtype = static_cast<safetensors_dtype_t>(*d);
     return SAFETENSORS_OK;
   });
