@@ -88,27 +88,7 @@ TEST(ShardedWriteTest, SplitsGreedilyAndWritesTheIndexByteForByteAsTransformers)
   EXPECT_EQ(test::read_bytes(dir.file("model-00001-of-00002.safetensors")), test::to_string(*first));
 }
 
-TEST(ShardedWriteTest, ATensorLargerThanTheLimitGetsAShardOfItsOwn) {
-  Fixture fx;
-  fx.data.reserve(5);
-  fx.add("small0", Dtype::kU8, {10}, 1);
-  fx.add("huge", Dtype::kU8, {100}, 2);
-  fx.add("small1", Dtype::kU8, {10}, 3);
-  fx.add("small2", Dtype::kU8, {20}, 4);
-  fx.add("empty", Dtype::kF32, {0, 3}, 5);
-  auto plan = plan_shards(fx.tensors, {.max_shard_bytes = 30});
-  ASSERT_ST_OK(plan);
-  // huggingface_hub's split: the oversized tensor is a shard at once; the open shard stays open.
-  ASSERT_EQ(plan->shards.size(), 3u);
-  EXPECT_EQ(plan->shards[0].inputs, (std::vector<std::size_t>{1}));
-  EXPECT_EQ(plan->shards[0].bytes, 100u);
-  EXPECT_EQ(plan->shards[1].inputs, (std::vector<std::size_t>{0, 2}));
-  EXPECT_EQ(plan->shards[1].bytes, 20u);
-  EXPECT_EQ(plan->shards[2].inputs, (std::vector<std::size_t>{3, 4}));
-  EXPECT_EQ(plan->shards[2].bytes, 20u);
-  EXPECT_EQ(plan->shards[2].file_name, "model-00003-of-00003.safetensors");
-  EXPECT_EQ(plan->total_size, 140u);
-}
+// A tensor larger than the limit: plan_shards_oversized_tensor_test.cc.
 
 TEST(ShardedWriteTest, ShardFileNamesAreOneRuleForWritingAndRecognizing) {
   EXPECT_EQ(shard_file_name("model", 1, 3), "model-00001-of-00003.safetensors");
