@@ -184,8 +184,8 @@ Status AtomicFile::publish(bool durable) {
 
 Status write_file_atomically(std::string path, std::string_view bytes, bool durable) {
   SAFETENSORS_ASSIGN_OR_RETURN(auto file, AtomicFile::create(std::move(path)));
-  SAFETENSORS_RETURN_IF_ERROR(pwrite_full(
-      file.fd(), file.name(), 0, std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size())));
+  const std::span<const std::byte> content(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size());
+  SAFETENSORS_RETURN_IF_ERROR(pwrite_full(file.fd(), file.name(), 0, content));
   return file.publish(durable);
 }
 

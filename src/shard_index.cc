@@ -16,6 +16,9 @@
 #include "quote.h"
 
 namespace safetensors {
+
+using internal::quote;
+using internal::sibling_path;
 namespace {
 
 // A shard name must stay inside the index's directory: a hostile index must not make us open arbitrary
@@ -63,7 +66,7 @@ Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view t
   std::unordered_set<std::string_view> top_keys;
   bool have_weight_map = false;
   for (auto kv : top) {
-    if (!top_keys.insert(kv.key).second) return bad("duplicate key " + internal::quote(kv.key));
+    if (!top_keys.insert(kv.key).second) return bad("duplicate key " + quote(kv.key));
     if (kv.key == "weight_map") {
       simdjson::dom::object wm;
       if (kv.value.get_object().get(wm) != simdjson::SUCCESS) return bad("`weight_map` must be an object");
@@ -72,10 +75,10 @@ Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view t
       for (auto entry : wm) {
         std::string_view file;
         if (entry.value.get_string().get(file) != simdjson::SUCCESS) {
-          return bad("`weight_map` value for tensor " + internal::quote(entry.key) + " must be a string (a file name)");
+          return bad("`weight_map` value for tensor " + quote(entry.key) + " must be a string (a file name)");
         }
         if (!is_safe_shard_name(file)) {
-          return bad("`weight_map` assigns tensor " + internal::quote(entry.key) + " to " + internal::quote(file) +
+          return bad("`weight_map` assigns tensor " + quote(entry.key) + " to " + quote(file) +
                      ", which is not a relative path inside the index's directory");
         }
         out.weight_map.emplace_back(std::string(entry.key), std::string(file));
@@ -87,7 +90,7 @@ Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view t
       Metadata entries;
       std::unordered_set<std::string_view> md_keys;
       for (auto m : md) {
-        if (!md_keys.insert(m.key).second) return bad("duplicate key " + internal::quote(m.key) + " in `metadata`");
+        if (!md_keys.insert(m.key).second) return bad("duplicate key " + quote(m.key) + " in `metadata`");
         std::string_view s;
         if (m.value.get_string().get(s) == simdjson::SUCCESS) {
           entries.emplace_back(std::string(m.key), std::string(s));
@@ -109,7 +112,9 @@ Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view t
   internal::NameIndex names;
   const std::size_t dup =
       names.build(out.weight_map.size(), [&](std::size_t i) -> std::string_view { return out.weight_map[i].first; });
-  if (dup != out.weight_map.size()) return bad("duplicate key " + internal::quote(out.weight_map[dup].first) + " in `weight_map`");
+  if (dup != out.weight_map.size()) {
+    return bad("duplicate key " + quote(out.weight_map[dup].first) + " in `weight_map`");
+  }
 
   {
     std::unordered_set<std::string_view> seen;
@@ -127,7 +132,7 @@ Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view t
   return out;
 }
 
-std::string ShardIndex::shard_path(std::size_t s) const { return internal::sibling_path(path, shard_names[s]); }
+std::string ShardIndex::shard_path(std::size_t s) const { return sibling_path(path, shard_names[s]); }
 
 std::vector<std::string_view> ShardIndex::assigned(std::size_t s) const {
   std::vector<std::string_view> names;

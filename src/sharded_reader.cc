@@ -12,6 +12,8 @@
 
 namespace safetensors {
 
+using internal::quote;
+
 struct ShardedFile::State {
   std::string index_path;
   // The context of lookups that fail: the index, or "<shards>".
@@ -68,7 +70,7 @@ Result<ShardedFile> ShardedFile::open_files(std::span<const std::string> paths, 
     std::size_t first = 0;
     while (tensors[first].name != tensors[dup].name) ++first;
     return Error::invalid_argument(state->shards[state->shard_of[dup]].path(),
-                                   "tensor " + internal::quote(tensors[dup].name) + " is also in \"" +
+                                   "tensor " + quote(tensors[dup].name) + " is also in \"" +
                                        state->shards[state->shard_of[first]].path() +
                                        "\"; a tensor name may appear in only one shard");
   }
@@ -129,7 +131,7 @@ const File& ShardedFile::file_of(const TensorInfo& tensor) const {
 namespace {
 
 Error foreign_tensor(const std::string& context, const TensorInfo& tensor) {
-  return Error::invalid_argument(context, "tensor " + internal::quote(tensor.name) + " is not an entry of this sharded file");
+  return Error::invalid_argument(context, "tensor " + quote(tensor.name) + " is not an entry of this sharded file");
 }
 
 }  // namespace
@@ -179,7 +181,7 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
     }
     const File& shard = state_->shards[state_->shard_of[i]];
     if (r.dst.size() != r.tensor->nbytes()) {
-      return Error::invalid_argument(shard.path(), "read_many: tensor " + internal::quote(r.tensor->name) + " has " +
+      return Error::invalid_argument(shard.path(), "read_many: tensor " + quote(r.tensor->name) + " has " +
                                                        std::to_string(r.tensor->nbytes()) +
                                                        " bytes but the destination holds " +
                                                        std::to_string(r.dst.size()));

@@ -16,6 +16,9 @@
 
 namespace safetensors {
 
+using internal::join_path;
+using internal::quote;
+
 std::string shard_file_name(std::string_view prefix, std::size_t i, std::size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i, n);
@@ -52,21 +55,22 @@ bool is_shard_file_name(std::string_view prefix, std::string_view name) {
 Result<ShardPlan> plan_shards(std::span<const TensorData> tensors, const ShardingOptions& options) {
   const std::string_view context = "<plan>";
   if (options.prefix.empty() || options.prefix.find_first_of(std::string_view("/\0", 2)) != std::string::npos) {
-    return Error::invalid_argument(context, "shard prefix " + internal::quote(options.prefix) +
+    return Error::invalid_argument(context, "shard prefix " + quote(options.prefix) +
                                                 " must be a non-empty file name without '/' or NUL");
   }
   std::vector<std::size_t> by_name(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     by_name[i] = i;
     if (!simdjson::validate_utf8(tensors[i].name.data(), tensors[i].name.size())) {
-      return Error::invalid_argument(context, "tensor name " + internal::quote(tensors[i].name) + " is not valid UTF-8");
+      return Error::invalid_argument(context, "tensor name " + quote(tensors[i].name) + " is not valid UTF-8");
     }
   }
   // Byte order of UTF-8 is code point order, which is how Python's sort_keys orders the weight_map.
-  std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
+  std::sort(by_name.begin(), by_name.end(),
+            [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
   for (std::size_t k = 1; k < by_name.size(); ++k) {
     if (tensors[by_name[k]].name == tensors[by_name[k - 1]].name) {
-      return Error::invalid_argument(context, "duplicate tensor name " + internal::quote(tensors[by_name[k]].name));
+      return Error::invalid_argument(context, "duplicate tensor name " + quote(tensors[by_name[k]].name));
     }
   }
 
@@ -122,7 +126,7 @@ Result<ShardPlan> plan_shards(std::span<const TensorData> tensors, const Shardin
 }
 
 Status write_index(const std::string& directory, const ShardPlan& plan, const WriteOptions& options) {
-  return internal::write_file_atomically(internal::join_path(directory, plan.index_file_name), plan.index_json,
+  return internal::write_file_atomically(join_path(directory, plan.index_file_name), plan.index_json,
                                          options.fsync);
 }
 
@@ -141,9 +145,8 @@ Result<ShardPlan> save_sharded(const std::string& directory, std::span<const Ten
     layouts.push_back(std::move(layout));
   }
   for (std::size_t s = 0; s < plan.shards.size(); ++s) {
-    SAFETENSORS_ASSIGN_OR_RETURN(
-        FileWriter writer, FileWriter::create(internal::join_path(directory, plan.shards[s].file_name), std::move(layouts[s]),
-                                              options.write));
+    SAFETENSORS_ASSIGN_OR_RETURN(FileWriter writer, FileWriter::create(join_path(directory, plan.shards[s].file_name),
+                                                                       std::move(layouts[s]), options.write));
     for (std::size_t k = 0; k < members[s].size(); ++k) {
       Status st = writer.write(k, members[s][k].data);
       if (!st.ok()) {
