@@ -192,7 +192,8 @@ Error out_of_range(const std::string& context, std::size_t i, std::size_t count)
 }
 
 // -------------------------------------------------------------------------------------------------------
-// The accessors of both handles (H: safetensors_file_t or safetensors_sharded_t)
+// What both handles share (H: safetensors_file_t or safetensors_sharded_t); the C functions over these are
+// defined once for both, by SAFETENSORS_SET_ACCESSORS_ below.
 
 // How errors about a handle name it: the file, or "<shards>" for a sharded handle.
 const std::string& context_of(const safetensors_file_t* h) { return h->set.path(); }
@@ -213,11 +214,6 @@ safetensors_code_t make_handle(safetensors::Result<Set> opened, H** out, safeten
 }
 
 template <typename H>
-size_t tensor_count(const H* h) {
-  return h->set.tensors().size();
-}
-
-template <typename H>
 const safetensors::TensorInfo* tensor_at(const H* h, size_t i) {
   return i < h->set.tensors().size() ? &h->set.tensors()[i] : nullptr;
 }
@@ -228,58 +224,6 @@ safetensors::Result<const safetensors::TensorInfo*> checked_tensor_at(const H* h
   const auto* t = tensor_at(h, i);
   if (t == nullptr) return out_of_range(context_of(h), i, h->set.tensors().size());
   return t;
-}
-
-template <typename H>
-const char* tensor_name(const H* h, size_t i, size_t* len) {
-  if (i >= h->names.size()) {
-    if (len != nullptr) *len = 0;
-    return nullptr;
-  }
-  return out_string(h->names[i], len);
-}
-
-template <typename H>
-safetensors_dtype_t tensor_dtype(const H* h, size_t i) {
-  const auto* t = tensor_at(h, i);
-  return static_cast<safetensors_dtype_t>(t ? t->dtype : Dtype::kBool);
-}
-
-template <typename H>
-size_t tensor_rank(const H* h, size_t i) {
-  const auto* t = tensor_at(h, i);
-  return t ? t->shape.size() : 0;
-}
-
-template <typename H>
-const std::uint64_t* tensor_shape(const H* h, size_t i) {
-  const auto* t = tensor_at(h, i);
-  if (t == nullptr) return nullptr;
-  return t->shape.empty() ? kNoDims : t->shape.data();
-}
-
-template <typename H>
-uint64_t tensor_nbytes(const H* h, size_t i) {
-  const auto* t = tensor_at(h, i);
-  return t ? t->nbytes() : 0;
-}
-
-template <typename H>
-size_t metadata_count(const H* h) {
-  const auto& md = metadata_of(h);
-  return md ? md->size() : 0;
-}
-
-template <typename H>
-const char* metadata_key(const H* h, size_t i, size_t* len) {
-  if (i >= metadata_count(h)) return nullptr;
-  return out_string((*metadata_of(h))[i].first, len);
-}
-
-template <typename H>
-const char* metadata_value(const H* h, size_t i, size_t* len) {
-  if (i >= metadata_count(h)) return nullptr;
-  return out_string((*metadata_of(h))[i].second, len);
 }
 
 template <typename H>
@@ -452,6 +396,57 @@ safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len, saf
 }
 
 // -------------------------------------------------------------------------------------------------------
+// What files and sharded files share, defined once for both handles: PREFIX_tensor_count, PREFIX_find,
+// PREFIX_tensor_name, PREFIX_tensor_dtype, PREFIX_tensor_rank, PREFIX_tensor_shape, PREFIX_tensor_nbytes,
+// PREFIX_metadata_count, PREFIX_metadata_key, PREFIX_metadata_value, PREFIX_read_into and PREFIX_view, for
+// PREFIX safetensors_file and safetensors_sharded.
+
+#define SAFETENSORS_SET_ACCESSORS_(PREFIX, H)                                                                  \
+  size_t PREFIX##_tensor_count(const H* h) { return h->set.tensors().size(); }                                \
+  safetensors_code_t PREFIX##_find(const H* h, const char* name, size_t name_len, size_t* index,              \
+                                   safetensors_error_t** error) {                                             \
+    return find_tensor(h, name, name_len, index, error);                                                      \
+  }                                                                                                           \
+  const char* PREFIX##_tensor_name(const H* h, size_t i, size_t* len) {                                       \
+    if (len != nullptr) *len = 0;                                                                             \
+    return i < h->names.size() ? out_string(h->names[i], len) : nullptr;                                      \
+  }                                                                                                           \
+  safetensors_dtype_t PREFIX##_tensor_dtype(const H* h, size_t i) {                                           \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return static_cast<safetensors_dtype_t>(t ? t->dtype : Dtype::kBool);                                     \
+  }                                                                                                           \
+  size_t PREFIX##_tensor_rank(const H* h, size_t i) {                                                         \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return t ? t->shape.size() : 0;                                                                           \
+  }                                                                                                           \
+  const uint64_t* PREFIX##_tensor_shape(const H* h, size_t i) {                                               \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return t == nullptr ? nullptr : t->shape.empty() ? kNoDims : t->shape.data();                            \
+  }                                                                                                           \
+  uint64_t PREFIX##_tensor_nbytes(const H* h, size_t i) {                                                     \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return t ? t->nbytes() : 0;                                                                               \
+  }                                                                                                           \
+  size_t PREFIX##_metadata_count(const H* h) { return metadata_of(h) ? metadata_of(h)->size() : 0; }         \
+  const char* PREFIX##_metadata_key(const H* h, size_t i, size_t* len) {                                      \
+    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].first, len) : nullptr;            \
+  }                                                                                                           \
+  const char* PREFIX##_metadata_value(const H* h, size_t i, size_t* len) {                                    \
+    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].second, len) : nullptr;           \
+  }                                                                                                           \
+  safetensors_code_t PREFIX##_read_into(const H* h, size_t i, void* dst, size_t dst_len,                      \
+                                        safetensors_error_t** error) {                                        \
+    return read_tensor_into(h, i, dst, dst_len, error);                                                       \
+  }                                                                                                           \
+  safetensors_code_t PREFIX##_view(const H* h, size_t i, safetensors_view_t** view, safetensors_error_t** error) { \
+    return view_tensor(h, i, view, error);                                                                    \
+  }
+
+SAFETENSORS_SET_ACCESSORS_(safetensors_file, safetensors_file_t)
+SAFETENSORS_SET_ACCESSORS_(safetensors_sharded, safetensors_sharded_t)
+#undef SAFETENSORS_SET_ACCESSORS_
+
+// -------------------------------------------------------------------------------------------------------
 // Files
 
 safetensors_code_t safetensors_open(const char* path, int backend, safetensors_file_t** file,
@@ -485,39 +480,16 @@ safetensors_backend_t safetensors_file_backend(const safetensors_file_t* file) {
   return static_cast<safetensors_backend_t>(file->set.backend());
 }
 uint64_t safetensors_file_data_offset(const safetensors_file_t* file) { return file->set.data_offset(); }
-size_t safetensors_file_tensor_count(const safetensors_file_t* file) { return tensor_count(file); }
 
-safetensors_code_t safetensors_file_find(const safetensors_file_t* file, const char* name, size_t name_len,
-                                         size_t* index, safetensors_error_t** error) {
-  return find_tensor(file, name, name_len, index, error);
-}
 
-const char* safetensors_file_tensor_name(const safetensors_file_t* file, size_t i, size_t* len) {
-  return tensor_name(file, i, len);
-}
 
-safetensors_dtype_t safetensors_file_tensor_dtype(const safetensors_file_t* file, size_t i) {
-  return tensor_dtype(file, i);
-}
-size_t safetensors_file_tensor_rank(const safetensors_file_t* file, size_t i) { return tensor_rank(file, i); }
-const uint64_t* safetensors_file_tensor_shape(const safetensors_file_t* file, size_t i) {
-  return tensor_shape(file, i);
-}
 void safetensors_file_tensor_offsets(const safetensors_file_t* file, size_t i, uint64_t* begin, uint64_t* end) {
   const auto* t = tensor_at(file, i);
   *begin = t ? t->begin : 0;
   *end = t ? t->end : 0;
 }
-uint64_t safetensors_file_tensor_nbytes(const safetensors_file_t* file, size_t i) { return tensor_nbytes(file, i); }
 
 int safetensors_file_has_metadata(const safetensors_file_t* file) { return file->set.metadata().has_value(); }
-size_t safetensors_file_metadata_count(const safetensors_file_t* file) { return metadata_count(file); }
-const char* safetensors_file_metadata_key(const safetensors_file_t* file, size_t i, size_t* len) {
-  return metadata_key(file, i, len);
-}
-const char* safetensors_file_metadata_value(const safetensors_file_t* file, size_t i, size_t* len) {
-  return metadata_value(file, i, len);
-}
 const char* safetensors_file_metadata_get(const safetensors_file_t* file, const char* key, size_t key_len,
                                           size_t* len) {
   if (!file->set.metadata()) return nullptr;
@@ -528,18 +500,10 @@ const char* safetensors_file_metadata_get(const safetensors_file_t* file, const 
   return nullptr;
 }
 
-safetensors_code_t safetensors_file_read_into(const safetensors_file_t* file, size_t i, void* dst, size_t dst_len,
-                                              safetensors_error_t** error) {
-  return read_tensor_into(file, i, dst, dst_len, error);
-}
 
 // -------------------------------------------------------------------------------------------------------
 // Views
 
-safetensors_code_t safetensors_file_view(const safetensors_file_t* file, size_t i, safetensors_view_t** view,
-                                         safetensors_error_t** error) {
-  return view_tensor(file, i, view, error);
-}
 
 const void* safetensors_view_data(const safetensors_view_t* view) { return view->view.bytes.data(); }
 size_t safetensors_view_size(const safetensors_view_t* view) { return view->view.bytes.size(); }
@@ -715,50 +679,15 @@ const char* safetensors_sharded_shard_path(const safetensors_sharded_t* sharded,
   return shard < shards.size() ? shards[shard].path().c_str() : nullptr;
 }
 
-size_t safetensors_sharded_metadata_count(const safetensors_sharded_t* sharded) { return metadata_count(sharded); }
-const char* safetensors_sharded_metadata_key(const safetensors_sharded_t* sharded, size_t i, size_t* len) {
-  return metadata_key(sharded, i, len);
-}
-const char* safetensors_sharded_metadata_value(const safetensors_sharded_t* sharded, size_t i, size_t* len) {
-  return metadata_value(sharded, i, len);
-}
 
-size_t safetensors_sharded_tensor_count(const safetensors_sharded_t* sharded) { return tensor_count(sharded); }
 
-safetensors_code_t safetensors_sharded_find(const safetensors_sharded_t* sharded, const char* name, size_t name_len,
-                                            size_t* index, safetensors_error_t** error) {
-  return find_tensor(sharded, name, name_len, index, error);
-}
 
-const char* safetensors_sharded_tensor_name(const safetensors_sharded_t* sharded, size_t i, size_t* len) {
-  return tensor_name(sharded, i, len);
-}
-safetensors_dtype_t safetensors_sharded_tensor_dtype(const safetensors_sharded_t* sharded, size_t i) {
-  return tensor_dtype(sharded, i);
-}
-size_t safetensors_sharded_tensor_rank(const safetensors_sharded_t* sharded, size_t i) {
-  return tensor_rank(sharded, i);
-}
-const uint64_t* safetensors_sharded_tensor_shape(const safetensors_sharded_t* sharded, size_t i) {
-  return tensor_shape(sharded, i);
-}
-uint64_t safetensors_sharded_tensor_nbytes(const safetensors_sharded_t* sharded, size_t i) {
-  return tensor_nbytes(sharded, i);
-}
 size_t safetensors_sharded_tensor_shard(const safetensors_sharded_t* sharded, size_t i) {
   const auto* t = tensor_at(sharded, i);
   return t ? sharded->set.shard_of(*t) : sharded->set.shards().size();
 }
 
-safetensors_code_t safetensors_sharded_read_into(const safetensors_sharded_t* sharded, size_t i, void* dst,
-                                                 size_t dst_len, safetensors_error_t** error) {
-  return read_tensor_into(sharded, i, dst, dst_len, error);
-}
 
-safetensors_code_t safetensors_sharded_view(const safetensors_sharded_t* sharded, size_t i, safetensors_view_t** view,
-                                            safetensors_error_t** error) {
-  return view_tensor(sharded, i, view, error);
-}
 
 safetensors_code_t safetensors_sharded_read_many(const safetensors_sharded_t* sharded,
                                                  const safetensors_read_request_t* requests, size_t count,
