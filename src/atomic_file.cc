@@ -11,29 +11,18 @@
 #include <string>
 #include <utility>
 
+#include "path.h"
 #include "posix.h"
 
 namespace safetensors::internal {
 namespace {
-
-std::string dirname_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string basename_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 // A fresh, unpredictable sibling name for `path`: ".NAME.<16 hex>.tmp".
 std::string temp_name_for(const std::string& path) {
   std::random_device rd;
   char suffix[24];
   std::snprintf(suffix, sizeof suffix, ".%08x%08x.tmp", rd(), rd());
-  return dirname_of(path) + "/." + basename_of(path) + suffix;
+  return sibling_path(path, "." + basename_of(path) + suffix);
 }
 
 void report(const char* op, const std::string& path) {
@@ -191,6 +180,13 @@ Status AtomicFile::publish(bool durable) {
   }
   if (durable) return fsync_dir(dirname_of(path_));
   return ok_status();
+}
+
+Status write_file_atomically(std::string path, std::string_view bytes, bool durable) {
+  SAFETENSORS_ASSIGN_OR_RETURN(auto file, AtomicFile::create(std::move(path)));
+  const std::span<const std::byte> content(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size());
+  SAFETENSORS_RETURN_IF_ERROR(pwrite_full(file.fd(), file.name(), 0, content));
+  return file.publish(durable);
 }
 
 }  // namespace safetensors::internal

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <string_view>
 
 #include "safetensors/error.h"
 
@@ -57,6 +58,10 @@ class AtomicFile {
   int fd_ = -1;
   bool anonymous_ = false;
 };
+
+// Writes `bytes` as the whole file at `path` through an AtomicFile: published complete or not at all, with
+// the permission bits create() gives and publish(durable)'s guarantees. Errors: those of create(), kIo.
+Status write_file_atomically(std::string path, std::string_view bytes, bool durable);
 
 }  // namespace safetensors::internal
 

@@ -21,8 +21,11 @@
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
 
+#include "quote.h"
+
 using safetensors::Dtype;
 using safetensors::Error;
+using safetensors::internal::quote;
 
 // The enums of c.h are the C++ enums by value.
 #define SAFETENSORS_SAME_DTYPE_(c, cpp) static_assert(c == static_cast<int>(Dtype::cpp), #c)
@@ -62,11 +65,20 @@ struct safetensors_error_t {
   std::string tensor;
 };
 
-// Names are copied so that they can be handed out NUL-terminated (the File's arena holds them back to back).
-struct safetensors_file_t {
-  safetensors::File file;
+namespace safetensors::internal {
+
+// What a file handle and a sharded handle share: the C++ object (a File or a ShardedFile, which answer the
+// same queries) and its tensor names, copied so that they can be handed out NUL-terminated (a File's arena
+// holds them back to back). Every accessor the two handles share is written once, over this template.
+template <typename Set>
+struct TensorSetHandle {
+  Set set;
   std::vector<std::string> names;
 };
+
+}  // namespace safetensors::internal
+
+struct safetensors_file_t : safetensors::internal::TensorSetHandle<safetensors::File> {};
 
 struct safetensors_view_t {
   safetensors::TensorView view;
@@ -83,10 +95,7 @@ struct safetensors_prefetcher_t {
   std::unique_ptr<safetensors::Prefetcher> prefetcher;
 };
 
-struct safetensors_sharded_t {
-  safetensors::ShardedFile sharded;
-  std::vector<std::string> names;
-};
+struct safetensors_sharded_t : safetensors::internal::TensorSetHandle<safetensors::ShardedFile> {};
 
 namespace {
 
@@ -182,25 +191,84 @@ Error out_of_range(const std::string& context, std::size_t i, std::size_t count)
                                               std::to_string(count) + " tensors)");
 }
 
-const safetensors::TensorInfo* tensor_at(const safetensors_file_t* f, size_t i) {
-  return i < f->file.tensors().size() ? &f->file.tensors()[i] : nullptr;
-}
-const safetensors::TensorInfo* tensor_at(const safetensors_sharded_t* s, size_t i) {
-  return i < s->sharded.tensors().size() ? &s->sharded.tensors()[i] : nullptr;
+// -------------------------------------------------------------------------------------------------------
+// What both handles share (H: safetensors_file_t or safetensors_sharded_t); the C functions over these are
+// defined once for both, by SAFETENSORS_SET_ACCESSORS_ below.
+
+// How errors about a handle name it: the file, or "<shards>" for a sharded handle.
+const std::string& context_of(const safetensors_file_t* h) { return h->set.path(); }
+std::string context_of(const safetensors_sharded_t*) { return "<shards>"; }
+
+const std::optional<safetensors::Metadata>& metadata_of(const safetensors_file_t* h) { return h->set.metadata(); }
+const std::optional<safetensors::Metadata>& metadata_of(const safetensors_sharded_t* h) {
+  return h->set.index_metadata();
 }
 
-const std::uint64_t* shape_data(const safetensors::TensorInfo* t) {
-  if (t == nullptr) return nullptr;
-  return t->shape.empty() ? kNoDims : t->shape.data();
+// A new handle over the opened set, or the open's error.
+template <typename H, typename Set>
+safetensors_code_t make_handle(safetensors::Result<Set> opened, H** out, safetensors_error_t** error) {
+  if (!opened.ok()) return fail(error, opened.error());
+  std::vector<std::string> names = copy_names(opened->tensors());
+  *out = new H{{std::move(opened).value(), std::move(names)}};
+  return SAFETENSORS_OK;
 }
 
-std::optional<safetensors::Backend> to_backend(int b) {
+template <typename H>
+const safetensors::TensorInfo* tensor_at(const H* h, size_t i) {
+  return i < h->set.tensors().size() ? &h->set.tensors()[i] : nullptr;
+}
+
+// Tensor i, or the out-of-range Error.
+template <typename H>
+safetensors::Result<const safetensors::TensorInfo*> checked_tensor_at(const H* h, size_t i) {
+  const auto* t = tensor_at(h, i);
+  if (t == nullptr) return out_of_range(context_of(h), i, h->set.tensors().size());
+  return t;
+}
+
+template <typename H>
+safetensors_code_t find_tensor(const H* h, const char* name, size_t name_len, size_t* index,
+                               safetensors_error_t** error) {
+  return guarded(error, [&] {
+    const std::string_view n = name_len ? std::string_view(name, name_len) : std::string_view();
+    auto info = h->set.info(n);
+    if (!info.ok()) return fail(error, info.error());
+    *index = static_cast<size_t>(*info - h->set.tensors().data());
+    return SAFETENSORS_OK;
+  });
+}
+
+template <typename H>
+safetensors_code_t read_tensor_into(const H* h, size_t i, void* dst, size_t dst_len, safetensors_error_t** error) {
+  return guarded(error, [&] {
+    auto t = checked_tensor_at(h, i);
+    if (!t.ok()) return fail(error, t.error());
+    auto st = h->set.read_into(**t, std::span<std::byte>(static_cast<std::byte*>(dst), dst_len));
+    return st.ok() ? SAFETENSORS_OK : fail(error, st.error());
+  });
+}
+
+template <typename H>
+safetensors_code_t view_tensor(const H* h, size_t i, safetensors_view_t** view, safetensors_error_t** error) {
+  *view = nullptr;
+  return guarded(error, [&] {
+    auto t = checked_tensor_at(h, i);
+    if (!t.ok()) return fail(error, t.error());
+    auto v = h->set.view(**t);
+    if (!v.ok()) return fail(error, v.error());
+    *view = new safetensors_view_t{std::move(v).value()};
+    return SAFETENSORS_OK;
+  });
+}
+
+// The options an open with C backend `b` uses, or the Error for an unknown backend (naming `context`).
+safetensors::Result<safetensors::OpenOptions> open_options(int b, std::string_view context) {
   switch (b) {
-    case SAFETENSORS_BACKEND_MMAP: return safetensors::Backend::kMmap;
-    case SAFETENSORS_BACKEND_PREAD: return safetensors::Backend::kPread;
-    case SAFETENSORS_BACKEND_MEMORY: return safetensors::Backend::kMemory;
+    case SAFETENSORS_BACKEND_MMAP: return safetensors::OpenOptions{.backend = safetensors::Backend::kMmap};
+    case SAFETENSORS_BACKEND_PREAD: return safetensors::OpenOptions{.backend = safetensors::Backend::kPread};
+    case SAFETENSORS_BACKEND_MEMORY: return safetensors::OpenOptions{.backend = safetensors::Backend::kMemory};
   }
-  return std::nullopt;
+  return Error::invalid_argument(context, "unknown backend " + std::to_string(b));
 }
 
 // The caller's tensors and metadata as C++ values, or the Error that makes them unusable.
@@ -228,7 +296,8 @@ safetensors::Result<SaveInputs> to_save_inputs(const safetensors_tensor_t* tenso
     }
     std::string name = t.name_len ? std::string(t.name, t.name_len) : std::string();
     if (t.dtype < 0 || static_cast<std::size_t>(t.dtype) >= safetensors::kDtypeTable.size()) {
-      return Error::invalid_argument(context, "tensor `" + name + "` has unknown dtype " + std::to_string(t.dtype));
+      return Error::invalid_argument(context,
+                                     "tensor " + quote(name) + " has unknown dtype " + std::to_string(t.dtype));
     }
     safetensors::TensorData d;
     d.name = std::move(name);
@@ -320,11 +389,62 @@ safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len, saf
   return guarded(error, [&] {
     const std::string_view text = len ? std::string_view(code, len) : std::string_view();
     const auto d = safetensors::dtype_from_code(text);
-    if (!d) return fail(error, Error::invalid_argument("<dtype>", "unknown dtype code `" + std::string(text) + "`"));
+    if (!d) return fail(error, Error::invalid_argument("<dtype>", "unknown dtype code " + quote(text)));
     *dtype = static_cast<safetensors_dtype_t>(*d);
     return SAFETENSORS_OK;
   });
 }
+
+// -------------------------------------------------------------------------------------------------------
+// What files and sharded files share, defined once for both handles: PREFIX_tensor_count, PREFIX_find,
+// PREFIX_tensor_name, PREFIX_tensor_dtype, PREFIX_tensor_rank, PREFIX_tensor_shape, PREFIX_tensor_nbytes,
+// PREFIX_metadata_count, PREFIX_metadata_key, PREFIX_metadata_value, PREFIX_read_into and PREFIX_view, for
+// PREFIX safetensors_file and safetensors_sharded.
+
+#define SAFETENSORS_SET_ACCESSORS_(PREFIX, H)                                                                  \
+  size_t PREFIX##_tensor_count(const H* h) { return h->set.tensors().size(); }                                \
+  safetensors_code_t PREFIX##_find(const H* h, const char* name, size_t name_len, size_t* index,              \
+                                   safetensors_error_t** error) {                                             \
+    return find_tensor(h, name, name_len, index, error);                                                      \
+  }                                                                                                           \
+  const char* PREFIX##_tensor_name(const H* h, size_t i, size_t* len) {                                       \
+    if (len != nullptr) *len = 0;                                                                             \
+    return i < h->names.size() ? out_string(h->names[i], len) : nullptr;                                      \
+  }                                                                                                           \
+  safetensors_dtype_t PREFIX##_tensor_dtype(const H* h, size_t i) {                                           \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return static_cast<safetensors_dtype_t>(t ? t->dtype : Dtype::kBool);                                     \
+  }                                                                                                           \
+  size_t PREFIX##_tensor_rank(const H* h, size_t i) {                                                         \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return t ? t->shape.size() : 0;                                                                           \
+  }                                                                                                           \
+  const uint64_t* PREFIX##_tensor_shape(const H* h, size_t i) {                                               \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return t == nullptr ? nullptr : t->shape.empty() ? kNoDims : t->shape.data();                            \
+  }                                                                                                           \
+  uint64_t PREFIX##_tensor_nbytes(const H* h, size_t i) {                                                     \
+    const auto* t = tensor_at(h, i);                                                                          \
+    return t ? t->nbytes() : 0;                                                                               \
+  }                                                                                                           \
+  size_t PREFIX##_metadata_count(const H* h) { return metadata_of(h) ? metadata_of(h)->size() : 0; }         \
+  const char* PREFIX##_metadata_key(const H* h, size_t i, size_t* len) {                                      \
+    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].first, len) : nullptr;            \
+  }                                                                                                           \
+  const char* PREFIX##_metadata_value(const H* h, size_t i, size_t* len) {                                    \
+    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].second, len) : nullptr;           \
+  }                                                                                                           \
+  safetensors_code_t PREFIX##_read_into(const H* h, size_t i, void* dst, size_t dst_len,                      \
+                                        safetensors_error_t** error) {                                        \
+    return read_tensor_into(h, i, dst, dst_len, error);                                                       \
+  }                                                                                                           \
+  safetensors_code_t PREFIX##_view(const H* h, size_t i, safetensors_view_t** view, safetensors_error_t** error) { \
+    return view_tensor(h, i, view, error);                                                                    \
+  }
+
+SAFETENSORS_SET_ACCESSORS_(safetensors_file, safetensors_file_t)
+SAFETENSORS_SET_ACCESSORS_(safetensors_sharded, safetensors_sharded_t)
+#undef SAFETENSORS_SET_ACCESSORS_
 
 // -------------------------------------------------------------------------------------------------------
 // Files
@@ -333,15 +453,10 @@ safetensors_code_t safetensors_open(const char* path, int backend, safetensors_f
                                     safetensors_error_t** error) {
   *file = nullptr;
   return guarded(error, [&] {
-    const auto b = to_backend(backend);
-    if (!b) {
-      return fail(error, Error::invalid_argument(path, "unknown backend " + std::to_string(backend)));
-    }
-    auto opened = safetensors::File::open(path, {.backend = *b});
-    if (!opened.ok()) return fail(error, opened.error());
-    std::vector<std::string> names = copy_names(opened->tensors());
-    *file = new safetensors_file_t{std::move(opened).value(), std::move(names)};
-    return SAFETENSORS_OK;
+    auto options = open_options(backend, path);
+    if (!options.ok()) return fail(error, options.error());
+    auto opened = safetensors::File::open(path, *options);
+    return make_handle(std::move(opened), file, error);
   });
 }
 
@@ -354,109 +469,41 @@ safetensors_code_t safetensors_open_memory(const void* data, size_t size, safete
     auto source = safetensors::memory_source(std::span<const std::byte>(static_cast<const std::byte*>(data), size),
                                              nullptr);
     auto opened = safetensors::File::open(std::move(source));
-    if (!opened.ok()) return fail(error, opened.error());
-    std::vector<std::string> names = copy_names(opened->tensors());
-    *file = new safetensors_file_t{std::move(opened).value(), std::move(names)};
-    return SAFETENSORS_OK;
+    return make_handle(std::move(opened), file, error);
   });
 }
 
 void safetensors_file_free(safetensors_file_t* file) { delete file; }
 
-const char* safetensors_file_path(const safetensors_file_t* file) { return file->file.path().c_str(); }
+const char* safetensors_file_path(const safetensors_file_t* file) { return file->set.path().c_str(); }
 safetensors_backend_t safetensors_file_backend(const safetensors_file_t* file) {
-  return static_cast<safetensors_backend_t>(file->file.backend());
+  return static_cast<safetensors_backend_t>(file->set.backend());
 }
-uint64_t safetensors_file_data_offset(const safetensors_file_t* file) { return file->file.data_offset(); }
-size_t safetensors_file_tensor_count(const safetensors_file_t* file) { return file->file.tensors().size(); }
+uint64_t safetensors_file_data_offset(const safetensors_file_t* file) { return file->set.data_offset(); }
 
-safetensors_code_t safetensors_file_find(const safetensors_file_t* file, const char* name, size_t name_len,
-                                         size_t* index, safetensors_error_t** error) {
-  return guarded(error, [&] {
-    const std::string_view n = name_len ? std::string_view(name, name_len) : std::string_view();
-    const safetensors::TensorInfo* t = file->file.find(n);
-    if (t == nullptr) return fail(error, Error::tensor_not_found(file->file.path(), n));
-    *index = static_cast<size_t>(t - file->file.tensors().data());
-    return SAFETENSORS_OK;
-  });
-}
 
-const char* safetensors_file_tensor_name(const safetensors_file_t* file, size_t i, size_t* len) {
-  if (i >= file->names.size()) {
-    if (len != nullptr) *len = 0;
-    return nullptr;
-  }
-  return out_string(file->names[i], len);
-}
 
-safetensors_dtype_t safetensors_file_tensor_dtype(const safetensors_file_t* file, size_t i) {
-  const auto* t = tensor_at(file, i);
-  return static_cast<safetensors_dtype_t>(t ? t->dtype : Dtype::kBool);
-}
-size_t safetensors_file_tensor_rank(const safetensors_file_t* file, size_t i) {
-  const auto* t = tensor_at(file, i);
-  return t ? t->shape.size() : 0;
-}
-const uint64_t* safetensors_file_tensor_shape(const safetensors_file_t* file, size_t i) {
-  return shape_data(tensor_at(file, i));
-}
 void safetensors_file_tensor_offsets(const safetensors_file_t* file, size_t i, uint64_t* begin, uint64_t* end) {
   const auto* t = tensor_at(file, i);
   *begin = t ? t->begin : 0;
   *end = t ? t->end : 0;
 }
-uint64_t safetensors_file_tensor_nbytes(const safetensors_file_t* file, size_t i) {
-  const auto* t = tensor_at(file, i);
-  return t ? t->nbytes() : 0;
-}
 
-int safetensors_file_has_metadata(const safetensors_file_t* file) { return file->file.metadata().has_value(); }
-size_t safetensors_file_metadata_count(const safetensors_file_t* file) {
-  return file->file.metadata() ? file->file.metadata()->size() : 0;
-}
-const char* safetensors_file_metadata_key(const safetensors_file_t* file, size_t i, size_t* len) {
-  if (i >= safetensors_file_metadata_count(file)) return nullptr;
-  return out_string((*file->file.metadata())[i].first, len);
-}
-const char* safetensors_file_metadata_value(const safetensors_file_t* file, size_t i, size_t* len) {
-  if (i >= safetensors_file_metadata_count(file)) return nullptr;
-  return out_string((*file->file.metadata())[i].second, len);
-}
+int safetensors_file_has_metadata(const safetensors_file_t* file) { return file->set.metadata().has_value(); }
 const char* safetensors_file_metadata_get(const safetensors_file_t* file, const char* key, size_t key_len,
                                           size_t* len) {
-  if (!file->file.metadata()) return nullptr;
+  if (!file->set.metadata()) return nullptr;
   const std::string_view k = key_len ? std::string_view(key, key_len) : std::string_view();
-  for (const auto& [mk, mv] : *file->file.metadata()) {
+  for (const auto& [mk, mv] : *file->set.metadata()) {
     if (mk == k) return out_string(mv, len);
   }
   return nullptr;
 }
 
-safetensors_code_t safetensors_file_read_into(const safetensors_file_t* file, size_t i, void* dst, size_t dst_len,
-                                              safetensors_error_t** error) {
-  return guarded(error, [&] {
-    const auto* t = tensor_at(file, i);
-    if (t == nullptr) return fail(error, out_of_range(file->file.path(), i, file->file.tensors().size()));
-    auto st = file->file.read_into(*t, std::span<std::byte>(static_cast<std::byte*>(dst), dst_len));
-    return st.ok() ? SAFETENSORS_OK : fail(error, st.error());
-  });
-}
 
 // -------------------------------------------------------------------------------------------------------
 // Views
 
-safetensors_code_t safetensors_file_view(const safetensors_file_t* file, size_t i, safetensors_view_t** view,
-                                         safetensors_error_t** error) {
-  *view = nullptr;
-  return guarded(error, [&] {
-    const auto* t = tensor_at(file, i);
-    if (t == nullptr) return fail(error, out_of_range(file->file.path(), i, file->file.tensors().size()));
-    auto v = file->file.view(*t);
-    if (!v.ok()) return fail(error, v.error());
-    *view = new safetensors_view_t{std::move(v).value()};
-    return SAFETENSORS_OK;
-  });
-}
 
 const void* safetensors_view_data(const safetensors_view_t* view) { return view->view.bytes.data(); }
 size_t safetensors_view_size(const safetensors_view_t* view) { return view->view.bytes.size(); }
@@ -471,9 +518,12 @@ safetensors_code_t safetensors_file_plan_slice(const safetensors_file_t* file, s
                                                safetensors_slice_plan_t** plan, safetensors_error_t** error) {
   *plan = nullptr;
   return guarded(error, [&] {
-    const auto* t = tensor_at(file, i);
-    if (t == nullptr) return fail(error, out_of_range(file->file.path(), i, file->file.tensors().size()));
-    if (indices == nullptr && count != 0) return fail(error, Error::invalid_argument(file->file.path(), "indices is NULL"));
+    auto found = checked_tensor_at(file, i);
+    if (!found.ok()) return fail(error, found.error());
+    const auto* t = *found;
+    if (indices == nullptr && count != 0) {
+      return fail(error, Error::invalid_argument(file->set.path(), "indices is NULL"));
+    }
     std::vector<safetensors::SliceIndex> spec;
     spec.reserve(count);
     for (size_t k = 0; k < count; ++k) {
@@ -491,14 +541,14 @@ safetensors_code_t safetensors_file_plan_slice(const safetensors_file_t* file, s
         }
         case SAFETENSORS_SLICE_ELLIPSIS: spec.push_back(safetensors::SliceIndex::ellipsis()); break;
         default:
-          return fail(error, Error::invalid_argument(file->file.path(), "slice component " + std::to_string(k) +
+          return fail(error, Error::invalid_argument(file->set.path(), "slice component " + std::to_string(k) +
                                                                             " has unknown kind " +
                                                                             std::to_string(s.kind)));
       }
     }
-    auto made = file->file.plan_slice(*t, spec);
+    auto made = file->set.plan_slice(*t, spec);
     if (!made.ok()) return fail(error, made.error());
-    *plan = new safetensors_slice_plan_t{std::move(made).value(), file->file.source().get(), i};
+    *plan = new safetensors_slice_plan_t{std::move(made).value(), file->set.source().get(), i};
     return SAFETENSORS_OK;
   });
 }
@@ -514,12 +564,13 @@ safetensors_code_t safetensors_file_read_slice(const safetensors_file_t* file, s
                                                const safetensors_slice_plan_t* plan, void* dst, size_t dst_len,
                                                safetensors_error_t** error) {
   return guarded(error, [&] {
-    const auto* t = tensor_at(file, i);
-    if (t == nullptr) return fail(error, out_of_range(file->file.path(), i, file->file.tensors().size()));
-    if (plan->source != file->file.source().get() || plan->tensor != i) {
-      return fail(error, Error::invalid_argument(file->file.path(), "the slice plan was made for another tensor"));
+    auto found = checked_tensor_at(file, i);
+    if (!found.ok()) return fail(error, found.error());
+    const auto* t = *found;
+    if (plan->source != file->set.source().get() || plan->tensor != i) {
+      return fail(error, Error::invalid_argument(file->set.path(), "the slice plan was made for another tensor"));
     }
-    auto st = file->file.read_slice(*t, plan->plan, std::span<std::byte>(static_cast<std::byte*>(dst), dst_len));
+    auto st = file->set.read_slice(*t, plan->plan, std::span<std::byte>(static_cast<std::byte*>(dst), dst_len));
     return st.ok() ? SAFETENSORS_OK : fail(error, st.error());
   });
 }
@@ -592,16 +643,10 @@ safetensors_code_t safetensors_sharded_open_index(const char* index_path, int ba
                                                   safetensors_sharded_t** sharded, safetensors_error_t** error) {
   *sharded = nullptr;
   return guarded(error, [&] {
-    const auto b = to_backend(backend);
-    if (!b) {
-      return fail(error,
-                  Error::invalid_argument(index_path, "unknown backend " + std::to_string(backend)));
-    }
-    auto opened = safetensors::ShardedFile::open_index(index_path, {.backend = *b});
-    if (!opened.ok()) return fail(error, opened.error());
-    std::vector<std::string> names = copy_names(opened->tensors());
-    *sharded = new safetensors_sharded_t{std::move(opened).value(), std::move(names)};
-    return SAFETENSORS_OK;
+    auto options = open_options(backend, index_path);
+    if (!options.ok()) return fail(error, options.error());
+    auto opened = safetensors::ShardedFile::open_index(index_path, *options);
+    return make_handle(std::move(opened), sharded, error);
   });
 }
 
@@ -610,11 +655,8 @@ safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size
                                                   safetensors_error_t** error) {
   *sharded = nullptr;
   return guarded(error, [&] {
-    const auto b = to_backend(backend);
-    if (!b) {
-      return fail(error,
-                  Error::invalid_argument("<shards>", "unknown backend " + std::to_string(backend)));
-    }
+    auto options = open_options(backend, "<shards>");
+    if (!options.ok()) return fail(error, options.error());
     if (paths == nullptr && count != 0) return fail(error, Error::invalid_argument("<shards>", "paths is NULL"));
     std::vector<std::string> list;
     list.reserve(count);
@@ -624,99 +666,28 @@ safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size
       }
       list.emplace_back(paths[k]);
     }
-    auto opened = safetensors::ShardedFile::open_files(list, {.backend = *b});
-    if (!opened.ok()) return fail(error, opened.error());
-    std::vector<std::string> names = copy_names(opened->tensors());
-    *sharded = new safetensors_sharded_t{std::move(opened).value(), std::move(names)};
-    return SAFETENSORS_OK;
+    auto opened = safetensors::ShardedFile::open_files(list, *options);
+    return make_handle(std::move(opened), sharded, error);
   });
 }
 
 void safetensors_sharded_free(safetensors_sharded_t* sharded) { delete sharded; }
 
-size_t safetensors_sharded_shard_count(const safetensors_sharded_t* sharded) { return sharded->sharded.shards().size(); }
+size_t safetensors_sharded_shard_count(const safetensors_sharded_t* sharded) { return sharded->set.shards().size(); }
 const char* safetensors_sharded_shard_path(const safetensors_sharded_t* sharded, size_t shard) {
-  const auto& shards = sharded->sharded.shards();
+  const auto& shards = sharded->set.shards();
   return shard < shards.size() ? shards[shard].path().c_str() : nullptr;
 }
 
-size_t safetensors_sharded_metadata_count(const safetensors_sharded_t* sharded) {
-  const auto& md = sharded->sharded.index_metadata();
-  return md ? md->size() : 0;
-}
-const char* safetensors_sharded_metadata_key(const safetensors_sharded_t* sharded, size_t i, size_t* len) {
-  if (i >= safetensors_sharded_metadata_count(sharded)) return nullptr;
-  return out_string((*sharded->sharded.index_metadata())[i].first, len);
-}
-const char* safetensors_sharded_metadata_value(const safetensors_sharded_t* sharded, size_t i, size_t* len) {
-  if (i >= safetensors_sharded_metadata_count(sharded)) return nullptr;
-  return out_string((*sharded->sharded.index_metadata())[i].second, len);
-}
 
-size_t safetensors_sharded_tensor_count(const safetensors_sharded_t* sharded) {
-  return sharded->sharded.tensors().size();
-}
 
-safetensors_code_t safetensors_sharded_find(const safetensors_sharded_t* sharded, const char* name, size_t name_len,
-                                            size_t* index, safetensors_error_t** error) {
-  return guarded(error, [&] {
-    const std::string_view n = name_len ? std::string_view(name, name_len) : std::string_view();
-    auto info = sharded->sharded.info(n);
-    if (!info.ok()) return fail(error, info.error());
-    *index = static_cast<size_t>(*info - sharded->sharded.tensors().data());
-    return SAFETENSORS_OK;
-  });
-}
 
-const char* safetensors_sharded_tensor_name(const safetensors_sharded_t* sharded, size_t i, size_t* len) {
-  if (i >= sharded->names.size()) {
-    if (len != nullptr) *len = 0;
-    return nullptr;
-  }
-  return out_string(sharded->names[i], len);
-}
-safetensors_dtype_t safetensors_sharded_tensor_dtype(const safetensors_sharded_t* sharded, size_t i) {
-  const auto* t = tensor_at(sharded, i);
-  return static_cast<safetensors_dtype_t>(t ? t->dtype : Dtype::kBool);
-}
-size_t safetensors_sharded_tensor_rank(const safetensors_sharded_t* sharded, size_t i) {
-  const auto* t = tensor_at(sharded, i);
-  return t ? t->shape.size() : 0;
-}
-const uint64_t* safetensors_sharded_tensor_shape(const safetensors_sharded_t* sharded, size_t i) {
-  return shape_data(tensor_at(sharded, i));
-}
-uint64_t safetensors_sharded_tensor_nbytes(const safetensors_sharded_t* sharded, size_t i) {
-  const auto* t = tensor_at(sharded, i);
-  return t ? t->nbytes() : 0;
-}
 size_t safetensors_sharded_tensor_shard(const safetensors_sharded_t* sharded, size_t i) {
   const auto* t = tensor_at(sharded, i);
-  return t ? sharded->sharded.shard_of(*t) : sharded->sharded.shards().size();
+  return t ? sharded->set.shard_of(*t) : sharded->set.shards().size();
 }
 
-safetensors_code_t safetensors_sharded_read_into(const safetensors_sharded_t* sharded, size_t i, void* dst,
-                                                 size_t dst_len, safetensors_error_t** error) {
-  return guarded(error, [&] {
-    const auto* t = tensor_at(sharded, i);
-    if (t == nullptr) return fail(error, out_of_range("<shards>", i, sharded->sharded.tensors().size()));
-    auto st = sharded->sharded.read_into(*t, std::span<std::byte>(static_cast<std::byte*>(dst), dst_len));
-    return st.ok() ? SAFETENSORS_OK : fail(error, st.error());
-  });
-}
 
-safetensors_code_t safetensors_sharded_view(const safetensors_sharded_t* sharded, size_t i, safetensors_view_t** view,
-                                            safetensors_error_t** error) {
-  *view = nullptr;
-  return guarded(error, [&] {
-    const auto* t = tensor_at(sharded, i);
-    if (t == nullptr) return fail(error, out_of_range("<shards>", i, sharded->sharded.tensors().size()));
-    auto v = sharded->sharded.view(*t);
-    if (!v.ok()) return fail(error, v.error());
-    *view = new safetensors_view_t{std::move(v).value()};
-    return SAFETENSORS_OK;
-  });
-}
 
 safetensors_code_t safetensors_sharded_read_many(const safetensors_sharded_t* sharded,
                                                  const safetensors_read_request_t* requests, size_t count,
@@ -726,13 +697,11 @@ safetensors_code_t safetensors_sharded_read_many(const safetensors_sharded_t* sh
     std::vector<safetensors::ReadRequest> reqs;
     reqs.reserve(count);
     for (size_t k = 0; k < count; ++k) {
-      const auto* t = tensor_at(sharded, requests[k].tensor);
-      if (t == nullptr) {
-        return fail(error, out_of_range("<shards>", requests[k].tensor, sharded->sharded.tensors().size()));
-      }
-      reqs.push_back({t, std::span<std::byte>(static_cast<std::byte*>(requests[k].dst), requests[k].dst_len)});
+      auto t = checked_tensor_at(sharded, requests[k].tensor);
+      if (!t.ok()) return fail(error, t.error());
+      reqs.push_back({*t, std::span<std::byte>(static_cast<std::byte*>(requests[k].dst), requests[k].dst_len)});
     }
-    auto st = sharded->sharded.read_many(reqs, threads);
+    auto st = sharded->set.read_many(reqs, threads);
     return st.ok() ? SAFETENSORS_OK : fail(error, st.error());
   });
 }
@@ -743,9 +712,10 @@ safetensors_code_t safetensors_sharded_read_many(const safetensors_sharded_t* sh
 safetensors_code_t safetensors_tensor_piece(const safetensors_file_t* file, size_t i, safetensors_piece_t* piece,
                                             safetensors_error_t** error) {
   return guarded(error, [&] {
-    const auto* t = tensor_at(file, i);
-    if (t == nullptr) return fail(error, out_of_range(file->file.path(), i, file->file.tensors().size()));
-    auto p = safetensors::tensor_piece(file->file, *t);
+    auto found = checked_tensor_at(file, i);
+    if (!found.ok()) return fail(error, found.error());
+    const auto* t = *found;
+    auto p = safetensors::tensor_piece(file->set, *t);
     if (!p.ok()) return fail(error, p.error());
     to_c_piece(*p, i, piece);
     return SAFETENSORS_OK;
@@ -755,9 +725,10 @@ safetensors_code_t safetensors_tensor_piece(const safetensors_file_t* file, size
 safetensors_code_t safetensors_row_piece(const safetensors_file_t* file, size_t i, uint64_t r0, uint64_t r1,
                                          safetensors_piece_t* piece, safetensors_error_t** error) {
   return guarded(error, [&] {
-    const auto* t = tensor_at(file, i);
-    if (t == nullptr) return fail(error, out_of_range(file->file.path(), i, file->file.tensors().size()));
-    auto p = safetensors::row_piece(file->file, *t, r0, r1);
+    auto found = checked_tensor_at(file, i);
+    if (!found.ok()) return fail(error, found.error());
+    const auto* t = *found;
+    auto p = safetensors::row_piece(file->set, *t, r0, r1);
     if (!p.ok()) return fail(error, p.error());
     to_c_piece(*p, i, piece);
     return SAFETENSORS_OK;
@@ -769,14 +740,15 @@ safetensors_code_t safetensors_prefetch_start(const safetensors_file_t* file, co
                                               safetensors_prefetcher_t** prefetcher, safetensors_error_t** error) {
   *prefetcher = nullptr;
   return guarded(error, [&] {
-    const std::string& path = file->file.path();
+    const std::string& path = file->set.path();
     if (pieces == nullptr && count != 0) return fail(error, Error::invalid_argument(path, "pieces is NULL"));
     std::vector<safetensors::Piece> plan;
     plan.reserve(count);
     for (size_t k = 0; k < count; ++k) {
       const safetensors_piece_t& c = pieces[k];
-      const auto* t = tensor_at(file, c.tensor);
-      if (t == nullptr) return fail(error, out_of_range(path, c.tensor, file->file.tensors().size()));
+      auto found = checked_tensor_at(file, c.tensor);
+      if (!found.ok()) return fail(error, found.error());
+      const auto* t = *found;
       if (c.delivery != SAFETENSORS_DELIVERY_STAGED && c.delivery != SAFETENSORS_DELIVERY_DIRECT) {
         return fail(error, Error::invalid_argument(path, "piece " + std::to_string(k) + " has unknown delivery " +
                                                              std::to_string(c.delivery)));
@@ -801,7 +773,7 @@ safetensors_code_t safetensors_prefetch_start(const safetensors_file_t* file, co
       o.merge_gap = options->merge_gap;
       o.max_slabs = options->max_slabs;
     }
-    auto started = safetensors::Prefetcher::start(file->file, std::move(plan), o);
+    auto started = safetensors::Prefetcher::start(file->set, std::move(plan), o);
     if (!started.ok()) return fail(error, started.error());
     *prefetcher = new safetensors_prefetcher_t{std::move(started).value()};
     return SAFETENSORS_OK;

@@ -16,6 +16,7 @@
 #include "checked.h"
 #include "mutex.h"
 #include "parallel.h"
+#include "quote.h"
 
 namespace safetensors {
 namespace {
@@ -339,7 +340,7 @@ void SlabPool::reset_peak() {
 
 Result<Piece> tensor_piece(const File& file, const TensorInfo& tensor) {
   if (tensor.end < tensor.begin || tensor.end > file.size() - file.data_offset()) {
-    return Error::invalid_argument(file.path(), "tensor `" + std::string(tensor.name) + "` is not in this file");
+    return Error::invalid_argument(file.path(), "tensor " + internal::quote(tensor.name) + " is not in this file");
   }
   Piece p;
   p.begin = tensor.begin;
@@ -741,7 +742,7 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
   const std::uint64_t data_size = file.size() - file.data_offset();
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const Piece& p = plan[i];
-    const std::string where = "prefetch piece " + std::to_string(i) + " (tensor `" + std::string(p.tensor) + "`)";
+    const std::string where = "prefetch piece " + std::to_string(i) + " (tensor " + internal::quote(p.tensor) + ")";
     if (p.end < p.begin || p.end > data_size) {
       return Error::invalid_argument(path, where + ": [" + std::to_string(p.begin) + ", " + std::to_string(p.end) +
                                                ") is not a range of the " + std::to_string(data_size) +

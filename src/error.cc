@@ -4,6 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include "quote.h"
+
 namespace safetensors {
 namespace {
 
@@ -89,11 +91,7 @@ std::string_view Error::token() const {
 // All human text lives here. Where the reference has a fixed text for a failure, the text starts with it.
 std::string Error::message() const {
   std::string s;
-  std::string quoted;
-  quoted.reserve(tensor_.size() + 2);
-  quoted.push_back('`');
-  quoted.append(tensor_);
-  quoted.push_back('`');
+  const std::string quoted = internal::quote(tensor_);
   switch (kind_) {
     case Kind::kHeaderTooSmall: s = "header too small"; break;
     case Kind::kHeaderTooLarge: s = "header too large"; break;

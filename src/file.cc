@@ -12,8 +12,15 @@
 #include "checked.h"
 #include "header.h"
 #include "parallel.h"
+#include "quote.h"
+#include "read_pieces.h"
 
 namespace safetensors {
+
+using internal::kReadChunk;
+using internal::quote;
+using internal::read_of;
+using internal::ReadPiece;
 
 struct File::State {
   std::shared_ptr<const Source> source;
@@ -32,50 +39,9 @@ namespace {
 constexpr std::uint64_t kCoalesceGap = 4096;
 // Largest scratch buffer for one coalesced read.
 constexpr std::uint64_t kCoalesceSpan = 8u << 20;
-// read_many splits work into pieces of at most this many bytes.
-constexpr std::uint64_t kReadChunk = 8u << 20;
 // read_slice splits its runs into pieces that cover about this many bytes of the source: small enough that
 // two or more threads stay balanced on one tensor.
 constexpr std::uint64_t kSlicePiece = 1u << 20;
-
-// A contiguous range of the file to copy to dst, part of the bytes of `tensor` (empty: of a data range).
-struct Piece {
-  std::uint64_t source_offset;
-  std::byte* dst;
-  std::uint64_t length;
-  std::string_view tensor;
-};
-
-// How a read names itself in errors: the file is the error's context, this adds the tensor.
-std::string read_of(std::string_view tensor) { return "read of tensor `" + std::string(tensor) + "`"; }
-
-// Appends [source_offset, source_offset + dst.size()) as pieces of at most kReadChunk bytes.
-void split_into_pieces(std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
-                       std::vector<Piece>* pieces) {
-  for (std::uint64_t off = 0; off < dst.size(); off += kReadChunk) {
-    pieces->push_back(
-        {source_offset + off, dst.data() + off, std::min<std::uint64_t>(kReadChunk, dst.size() - off), tensor});
-  }
-}
-
-// Reads every piece with up to `threads` threads (0 = by size and hardware); the first error wins. Every
-// read is a positional read (Source::read), so a file that shrank or fails underneath gives kIo, even on the
-// mmap backend; the pieces keep a warm read as fast as copying out of the mapping.
-Status read_pieces(const Source& src, const std::vector<Piece>& pieces, std::uint64_t total, unsigned threads) {
-  if (threads == 0) threads = internal::default_threads(total, kReadChunk);
-  for (std::size_t i = 0; i < std::min(pieces.size(), internal::kReadaheadPieces); ++i) {
-    src.prefetch(pieces[i].source_offset, pieces[i].length);
-  }
-  return internal::run_parallel(pieces.size(), threads, [&](std::size_t i) {
-    if (i + internal::kReadaheadPieces < pieces.size()) {
-      const Piece& ahead = pieces[i + internal::kReadaheadPieces];
-      src.prefetch(ahead.source_offset, ahead.length);
-    }
-    const Piece& p = pieces[i];
-    const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
-    return read_exact(src, p.source_offset, std::span<std::byte>(p.dst, p.length), what);
-  });
-}
 
 }  // namespace
 
@@ -160,8 +126,8 @@ Result<TensorView> File::view(const TensorInfo& tensor) const {
   const Source& src = *state_->source;
   const std::byte* base = src.data();
   if (base == nullptr) {
-    return Error::invalid_argument(path(), "tensor `" + std::string(tensor.name) +
-                                               "`: zero-copy views need the mmap or memory backend; this file is "
+    return Error::invalid_argument(path(), "tensor " + quote(tensor.name) +
+                                               ": zero-copy views need the mmap or memory backend; this file is "
                                                "read with pread (use read_into)");
   }
   TensorView v;
@@ -179,7 +145,7 @@ Status File::read_into(std::string_view name, std::span<std::byte> dst) const {
 
 Status File::read_into(const TensorInfo& tensor, std::span<std::byte> dst) const {
   if (dst.size() != tensor.nbytes()) {
-    return Error::invalid_argument(path(), "tensor `" + std::string(tensor.name) + "` has " + std::to_string(tensor.nbytes()) +
+    return Error::invalid_argument(path(), "tensor " + quote(tensor.name) + " has " + std::to_string(tensor.nbytes()) +
                                                " bytes but the destination holds " + std::to_string(dst.size()));
   }
   return read_exact(*state_->source, data_offset() + tensor.begin, dst, read_of(tensor.name));
@@ -191,23 +157,23 @@ Result<SlicePlan> File::plan_slice(const TensorInfo& tensor, std::span<const Sli
 
 Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const {
   if (dst.size() != plan.nbytes()) {
-    return Error::invalid_argument(path(), "slice of tensor `" + std::string(tensor.name) + "` has " +
+    return Error::invalid_argument(path(), "slice of tensor " + quote(tensor.name) + " has " +
                                                std::to_string(plan.nbytes()) + " bytes but the destination holds " +
                                                std::to_string(dst.size()));
   }
   if (plan.source_end() > tensor.nbytes()) {
-    return Error::invalid_argument(path(), "slice plan does not belong to tensor `" + std::string(tensor.name) + "`");
+    return Error::invalid_argument(path(), "slice plan does not belong to tensor " + quote(tensor.name));
   }
   const Source& src = *state_->source;
   const std::uint64_t base = data_offset() + tensor.begin;
   if (plan.run_length() > kReadChunk) {
     // Long runs (blocks of rows) are few: they are read like read_many's tensors, in kReadChunk pieces.
-    std::vector<Piece> pieces;
+    std::vector<ReadPiece> pieces;
     plan.for_each_run([&](const SliceRun& r) {
-      split_into_pieces(base + r.source_offset, dst.subspan(r.dest_offset, r.length), tensor.name, &pieces);
+      internal::split_read(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), tensor.name, &pieces);
       return true;
     });
-    return read_pieces(src, pieces, plan.nbytes(), 0);
+    return internal::read_pieces(pieces, plan.nbytes(), 0);
   }
   // Otherwise the runs are split into pieces of consecutive runs that cover about kSlicePiece bytes of the
   // source each; slices over a large span are read by a few threads, a piece at a time (a column slice
@@ -291,17 +257,17 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
 }
 
 Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
-  std::vector<Piece> pieces;
+  std::vector<ReadPiece> pieces;
   std::uint64_t total = 0;
   for (const ReadRequest& r : requests) {
     if (r.tensor == nullptr || r.dst.size() != r.tensor->nbytes()) {
-      return Error::invalid_argument(path(), "read_many: destination size does not match tensor `" +
-                                                 (r.tensor ? std::string(r.tensor->name) : std::string("<null>")) + "`");
+      return Error::invalid_argument(path(), "read_many: destination size does not match tensor " +
+                                                 quote(r.tensor ? r.tensor->name : "<null>"));
     }
-    split_into_pieces(data_offset() + r.tensor->begin, r.dst, r.tensor->name, &pieces);
+    internal::split_read(*state_->source, data_offset() + r.tensor->begin, r.dst, r.tensor->name, &pieces);
     total += r.dst.size();
   }
-  return read_pieces(*state_->source, pieces, total, threads);
+  return internal::read_pieces(pieces, total, threads);
 }
 
 void advise_fresh_destination(std::span<std::byte> dst) {
@@ -336,9 +302,9 @@ Status File::read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned
                                                std::to_string(dst.size()) + ") is outside the " +
                                                std::to_string(data_size) + "-byte data buffer");
   }
-  std::vector<Piece> pieces;
-  split_into_pieces(data_offset() + offset, dst, {}, &pieces);
-  return read_pieces(*state_->source, pieces, dst.size(), threads);
+  std::vector<ReadPiece> pieces;
+  internal::split_read(*state_->source, data_offset() + offset, dst, {}, &pieces);
+  return internal::read_pieces(pieces, dst.size(), threads);
 }
 
 }  // namespace safetensors

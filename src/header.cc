@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "checked.h"
+#include "quote.h"
 
 namespace safetensors::internal {
 namespace {
@@ -18,15 +19,6 @@ static_assert(kJsonPadding >= simdjson::SIMDJSON_PADDING, "padding must satisfy 
 
 using simdjson::dom::element;
 using simdjson::dom::element_type;
-
-std::string quote(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out.push_back('`');
-  out.append(s);
-  out.push_back('`');
-  return out;
-}
 
 std::string type_name(element_type t) {
   switch (t) {

@@ -10,8 +10,10 @@
 
 #include "atomic_file.h"
 #include "checked.h"
+#include "json_writer.h"
 #include "parallel.h"
 #include "posix.h"
+#include "quote.h"
 
 namespace safetensors {
 namespace {
@@ -32,40 +34,12 @@ std::vector<Piece> split_for_write(const WritePlan& plan, std::span<const Tensor
   *total = 0;
   for (const WritePlan::Entry& e : plan.entries()) {
     const std::span<const std::byte> data = tensors[e.input].data;
-    for (std::uint64_t off = 0; off < data.size(); off += kWriteChunk) {
-      pieces.push_back({e.input, off, data.subspan(off, std::min<std::uint64_t>(kWriteChunk, data.size() - off))});
-    }
+    internal::for_each_piece(data.size(), kWriteChunk, [&](std::uint64_t off, std::uint64_t len) {
+      pieces.push_back({e.input, off, data.subspan(off, len)});
+    });
     *total += data.size();
   }
   return pieces;
-}
-
-// JSON string escaping as the reference writes it: `"` and `\` escaped, control characters as their short
-// escapes or \u00xx (lowercase hex), everything else -- including non-ASCII UTF-8 -- raw.
-void append_json_string(std::string* out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  for (char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\t': out->append("\\t"); break;
-      case '\r': out->append("\\r"); break;
-      case '\b': out->append("\\b"); break;
-      case '\f': out->append("\\f"); break;
-      default:
-        if (c < 0x20) {
-          out->append("\\u00");
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 0xf]);
-        } else {
-          out->push_back(ch);
-        }
-    }
-  }
-  out->push_back('"');
 }
 
 }  // namespace
@@ -81,7 +55,7 @@ Result<WritePlan> WritePlan::make(std::span<const TensorData> tensors, const std
         return Error::invalid_argument(context, "`__metadata__` is reserved and cannot name a tensor");
       }
       if (!names.insert(t.name).second) {
-        return Error::invalid_argument(context, "duplicate tensor name `" + t.name + "`");
+        return Error::invalid_argument(context, "duplicate tensor name " + internal::quote(t.name));
       }
     }
   }
@@ -89,7 +63,7 @@ Result<WritePlan> WritePlan::make(std::span<const TensorData> tensors, const std
     std::unordered_set<std::string_view> keys;
     for (const auto& kv : *metadata) {
       if (!keys.insert(kv.first).second) {
-        return Error::invalid_argument(context, "duplicate metadata key `" + kv.first + "`");
+        return Error::invalid_argument(context, "duplicate metadata key " + internal::quote(kv.first));
       }
     }
   }
@@ -109,9 +83,9 @@ Result<WritePlan> WritePlan::make(std::span<const TensorData> tensors, const std
     for (const auto& [k, v] : *metadata) {
       if (!first) json.push_back(',');
       first = false;
-      append_json_string(&json, k);
+      internal::append_json_string(&json, k, internal::JsonEscape::kRawUtf8);
       json.push_back(':');
-      append_json_string(&json, v);
+      internal::append_json_string(&json, v, internal::JsonEscape::kRawUtf8);
     }
     json += "}";
   }
@@ -134,7 +108,7 @@ Result<WritePlan> WritePlan::make(std::span<const TensorData> tensors, const std
     auto end = internal::checked_add(offset, *nbytes);
     if (!end) return Error::validation_overflow(context, t.name);
     if (json.size() > 1) json.push_back(',');
-    append_json_string(&json, t.name);
+    internal::append_json_string(&json, t.name, internal::JsonEscape::kRawUtf8);
     json += ":{\"dtype\":\"";
     json += dtype_code(t.dtype);
     json += "\",\"shape\":[";
@@ -174,8 +148,8 @@ Status serialize_into(const WritePlan& plan, std::span<const TensorData> tensors
   }
   for (const WritePlan::Entry& e : plan.entries()) {
     if (tensors[e.input].data.size() != e.end - e.begin) {
-      return Error::invalid_argument("<memory>", "serialize_into: tensor `" + tensors[e.input].name +
-                                                     "` does not match the plan");
+      return Error::invalid_argument("<memory>", "serialize_into: tensor " + internal::quote(tensors[e.input].name) +
+                                                     " does not match the plan");
     }
   }
   std::memcpy(out.data(), plan.prefix().data(), plan.prefix().size());

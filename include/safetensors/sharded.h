@@ -205,6 +205,13 @@ struct ShardPlan {
   std::string index_json;
 };
 
+// The file name of shard `i` (1-based) of `n`: `<prefix>-00001-of-00003.safetensors` (each number at least five
+// digits, zero-padded), as plan_shards() names shards and transformers and huggingface_hub name them.
+SAFETENSORS_EXPORT std::string shard_file_name(std::string_view prefix, std::size_t i, std::size_t n);
+// Whether `name` is shard_file_name(prefix, i, n) for some 1 <= i <= n: the one test for "a shard file of
+// this checkpoint", e.g. to find the shards an earlier save left in a directory.
+SAFETENSORS_EXPORT bool is_shard_file_name(std::string_view prefix, std::string_view name);
+
 // Splits `tensors` greedily in input order: a tensor joins the current shard unless that would take the
 // shard over options.max_shard_bytes, in which case it starts the next one. No tensors give no shards and an
 // index with an empty weight_map, as huggingface_hub's split_torch_state_dict_into_shards({}) gives no files

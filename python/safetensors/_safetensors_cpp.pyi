@@ -400,6 +400,14 @@ def plan_shards(sizes: Sequence[tuple[str, int]], max_shard_bytes: int, prefix: 
     Splits [(name, nbytes)] as huggingface_hub does; names the shards and writes the index text (nothing is written to disk). No tensors give no shards.
     """
 
+def shard_file_name(prefix: str, i: int, n: int) -> str:
+    """
+    The file name of shard i (1-based) of n: '<prefix>-00001-of-00003.safetensors', as plan_shards names them.
+    """
+
+def is_shard_file_name(prefix: str, name: str) -> bool:
+    """Whether name is shard_file_name(prefix, i, n) for some 1 <= i <= n."""
+
 def write_index(directory: str, plan: ShardPlan, fsync: bool = False) -> None:
     """
     Writes plan.index_json to directory/plan.index_file_name atomically, keeping an existing index's mode bits; fsync=True syncs the file and the directory. Releases the GIL.

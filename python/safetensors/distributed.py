@@ -304,12 +304,14 @@ class _Checkpoint:
     def open(self, backend: str) -> List[_Opened]:
         from ._sharding import CheckpointError, Shard, resolve
 
+        index = None
         if isinstance(self.checkpoint, (str, bytes, os.PathLike)):
             path = _fspath(self.checkpoint)
             try:
-                shards = resolve(path).shards
+                checkpoint = resolve(path)
             except CheckpointError as e:
                 raise SafetensorError(str(e)) from None
+            shards, index = checkpoint.shards, checkpoint.index
             self.shown = path
         else:
             shards = [Shard(_fspath(p)) for p in self.checkpoint]
@@ -320,14 +322,9 @@ class _Checkpoint:
         for shard in shards:
             file = _cpp.File(shard.path, backend)
             label = os.path.basename(shard.path)
-            if shard.names is None:
-                names = file.offset_keys()
-            else:
-                wanted = set(shard.names)
-                for name in shard.names:
-                    if name not in file:
-                        raise SafetensorError(f"the index names tensor {name} in {label}, which does not contain it")
-                names = [n for n in file.offset_keys() if n in wanted]
+            # With an index, the tensors it assigns to this shard (file order), or the library's error naming
+            # the shard and the first assigned tensor it lacks; without one, every tensor of the file.
+            names = file.offset_keys() if index is None else index.select(file, shard.position)
             for name in names:
                 if name in owner:
                     raise SafetensorError(f"tensor {name} is in both {owner[name]} and {label}")

@@ -1,5 +1,5 @@
 // Sharded checkpoints (sharded.h) in _safetensors_cpp: ShardIndex, ShardedFile, ShardPlan, plan_shards,
-// write_index and save_sharded.
+// shard_file_name, is_shard_file_name, write_index and save_sharded.
 //
 // Declarative defs over the C++ API, which holds every index rule (parse, validation, the split, file names,
 // the index text, the atomic write); Python adds only argument conversion. Every call that touches the disk
@@ -213,6 +213,11 @@ void bind_sharded(nb::module_& m) {
       "sizes"_a, "max_shard_bytes"_a, "prefix"_a = "model",
       "Splits [(name, nbytes)] as huggingface_hub does; names the shards and writes the index text (nothing is "
       "written to disk). No tensors give no shards.");
+
+  m.def("shard_file_name", &shard_file_name, "prefix"_a, "i"_a, "n"_a,
+        "The file name of shard i (1-based) of n: '<prefix>-00001-of-00003.safetensors', as plan_shards names them.");
+  m.def("is_shard_file_name", &is_shard_file_name, "prefix"_a, "name"_a,
+        "Whether name is shard_file_name(prefix, i, n) for some 1 <= i <= n.");
 
   m.def(
       "write_index",

@@ -88,26 +88,38 @@ TEST(ShardedWriteTest, SplitsGreedilyAndWritesTheIndexByteForByteAsTransformers)
   EXPECT_EQ(test::read_bytes(dir.file("model-00001-of-00002.safetensors")), test::to_string(*first));
 }
 
-TEST(ShardedWriteTest, ATensorLargerThanTheLimitGetsAShardOfItsOwn) {
+// A tensor larger than the limit: plan_shards_oversized_tensor_test.cc.
+
+TEST(ShardedWriteTest, ShardFileNamesAreOneRuleForWritingAndRecognizing) {
+  EXPECT_EQ(shard_file_name("model", 1, 3), "model-00001-of-00003.safetensors");
+  EXPECT_EQ(shard_file_name("m.v2", 12, 123456), "m.v2-00012-of-123456.safetensors");
+  for (std::size_t n : {1u, 2u, 7u}) {
+    for (std::size_t i = 1; i <= n; ++i) EXPECT_TRUE(is_shard_file_name("model", shard_file_name("model", i, n)));
+  }
+  EXPECT_TRUE(is_shard_file_name("m.v2", "m.v2-00012-of-123456.safetensors"));
+  EXPECT_TRUE(is_shard_file_name("model", "model-100000-of-100000.safetensors"));
+  // Not a name plan_shards gives for this prefix.
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "model-00001-of-00002.safetensors.tmp",
+                           "model-0001-of-00002.safetensors", "model-00001-of-0002.safetensors",
+                           "model-000001-of-00002.safetensors", "model-00003-of-00002.safetensors",
+                           "model-00000-of-00002.safetensors", "model-00001-of-00000.safetensors",
+                           "model-+0001-of-00002.safetensors", "model-00001_of-00002.safetensors",
+                           "other-00001-of-00002.safetensors", "xmodel-00001-of-00002.safetensors",
+                           "model-x-00001-of-00002.safetensors", "model-00001-of-00002.safetensor",
+                           "model-99999999999999999999-of-99999999999999999999.safetensors", "model", ""}) {
+    EXPECT_FALSE(is_shard_file_name("model", name)) << name;
+  }
+  // Every shard name a plan gives is recognized, and the index is not.
   Fixture fx;
-  fx.data.reserve(5);
-  fx.add("small0", Dtype::kU8, {10}, 1);
-  fx.add("huge", Dtype::kU8, {100}, 2);
-  fx.add("small1", Dtype::kU8, {10}, 3);
-  fx.add("small2", Dtype::kU8, {20}, 4);
-  fx.add("empty", Dtype::kF32, {0, 3}, 5);
-  auto plan = plan_shards(fx.tensors, {.max_shard_bytes = 30});
+  fx.data.reserve(3);
+  fx.add("a", Dtype::kU8, {10}, 1);
+  fx.add("b", Dtype::kU8, {10}, 2);
+  fx.add("c", Dtype::kU8, {10}, 3);
+  auto plan = plan_shards(fx.tensors, {.max_shard_bytes = 10, .prefix = "ckpt"});
   ASSERT_ST_OK(plan);
-  // huggingface_hub's split: the oversized tensor is a shard at once; the open shard stays open.
   ASSERT_EQ(plan->shards.size(), 3u);
-  EXPECT_EQ(plan->shards[0].inputs, (std::vector<std::size_t>{1}));
-  EXPECT_EQ(plan->shards[0].bytes, 100u);
-  EXPECT_EQ(plan->shards[1].inputs, (std::vector<std::size_t>{0, 2}));
-  EXPECT_EQ(plan->shards[1].bytes, 20u);
-  EXPECT_EQ(plan->shards[2].inputs, (std::vector<std::size_t>{3, 4}));
-  EXPECT_EQ(plan->shards[2].bytes, 20u);
-  EXPECT_EQ(plan->shards[2].file_name, "model-00003-of-00003.safetensors");
-  EXPECT_EQ(plan->total_size, 140u);
+  for (const auto& shard : plan->shards) EXPECT_TRUE(is_shard_file_name("ckpt", shard.file_name)) << shard.file_name;
+  EXPECT_FALSE(is_shard_file_name("ckpt", plan->index_file_name));
 }
 
 TEST(ShardedWriteTest, PrefixMetadataAndPermissionsOfAnExistingIndex) {

@@ -696,6 +696,21 @@ def test_convert_refuses_to_overwrite_without_force_and_cleans_stale_shards(cli,
     assert cli("convert", "-q", src, out.parent / "other.safetensors").rc == 0
 
 
+def test_convert_counts_as_its_outputs_the_shard_names_the_library_gives(tmp_path):
+    """convert's stale-output rule is the C++ shard naming rule (is_shard_file_name), not a second pattern."""
+    from safetensors._cli.convert import _existing_outputs
+
+    ours = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+            "model-100000-of-100000.safetensors", "model.safetensors", "model.safetensors.index.json"]
+    not_ours = ["model-00003-of-00002.safetensors", "model-00000-of-00002.safetensors",
+                "model-0001-of-00002.safetensors", "model-00001-of-00002.safetensors.tmp",
+                "other-00001-of-00002.safetensors", "model.bin"]
+    for name in ours + not_ours:
+        (tmp_path / name).write_bytes(b"")
+    assert _existing_outputs(str(tmp_path), "model") == sorted(str(tmp_path / n) for n in ours)
+    assert _existing_outputs(str(tmp_path / "absent"), "model") == []
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

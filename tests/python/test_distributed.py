@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import safetensors.distributed as sdist
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 dist = pytest.importorskip("torch.distributed")
@@ -371,6 +371,23 @@ def test_sharded_checkpoint(run, ckpt):
     for rank, result in enumerate(ranks["sharded_index_planned"]):
         assert result["tensors"] == want["per_rank"][rank], f"rank {rank}"
     assert sum(r["stats"]["bytes_read"] for r in ranks["sharded_index_planned"]) == want["union"]
+
+
+# -- what a rank opens ------------------------------------------------------------------------------------------
+
+def test_an_index_limits_each_shard_to_what_it_assigns_through_shard_index(tmp_path):
+    """The shard-holds-what-the-index-assigns check is the library's (ShardIndex.select): a shard lacking an
+    assigned tensor is refused with its one message, naming the shard; unassigned tensors are left out."""
+    save_file({"a": torch.zeros(2)}, tmp_path / "s1.safetensors")
+    save_file({"b": torch.zeros(2), "stale": torch.ones(1, dtype=torch.int8)}, tmp_path / "s2.safetensors")
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}))
+    opened = sdist._Checkpoint(str(tmp_path)).open("pread")
+    assert [(o.label, o.names) for o in opened] == [("s1.safetensors", ["a"]), ("s2.safetensors", ["b"])]
+    index.write_text(json.dumps({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s2.safetensors"}}))
+    with pytest.raises(SafetensorError) as e:
+        sdist._Checkpoint(str(index)).open("pread")
+    assert str(e.value) == f'File does not contain tensor c (TensorNotFound) in "{tmp_path / "s2.safetensors"}"'
 
 
 # -- errors: the same text on every rank -----------------------------------------------------------------------

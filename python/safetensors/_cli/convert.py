@@ -14,9 +14,6 @@ from .._safetensors_cpp import SafetensorError
 from .._sharding import INDEX_SUFFIX, SAFETENSORS_SUFFIX, format_size, parse_size
 from .common import EXIT_OK, CliError, _describe_error, _n, _Progress, _WriteWatcher
 
-_SHARD_RE_TEMPLATE = r"{stem}-\d{{5}}-of-\d{{5}}\.safetensors"
-
-
 def _output_layout(output: str) -> Tuple[str, str]:
     """(directory, stem) of the files ``convert`` writes: ``OUT/model.safetensors`` -> (``OUT``, ``model``);
     an existing directory, or a path ending in a separator, gets ``model.safetensors`` inside it."""
@@ -29,15 +26,15 @@ def _output_layout(output: str) -> Tuple[str, str]:
 
 
 def _existing_outputs(directory: str, stem: str) -> List[str]:
-    """Files of either layout (one file, or shards and an index) already written for ``stem``."""
+    """Files of either layout (one file, or shards and an index) already written for ``stem``; shard names are
+    recognized by the C++ rule that names them (``is_shard_file_name``)."""
     if not os.path.isdir(directory or "."):
         return []
-    pattern = re.compile(_SHARD_RE_TEMPLATE.format(stem=re.escape(stem)))
     single, index = stem + SAFETENSORS_SUFFIX, stem + INDEX_SUFFIX
     return sorted(
         os.path.join(directory, e)
         for e in os.listdir(directory or ".")
-        if e in (single, index) or pattern.fullmatch(e)
+        if e in (single, index) or _cpp.is_shard_file_name(stem, e)
     )
 
 

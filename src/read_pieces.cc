@@ -1,0 +1,36 @@
+#include "read_pieces.h"
+
+#include <algorithm>
+
+#include "parallel.h"
+#include "quote.h"
+
+namespace safetensors::internal {
+
+std::string read_of(std::string_view tensor) { return "read of tensor " + quote(tensor); }
+
+void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
+                std::vector<ReadPiece>* pieces) {
+  for_each_piece(dst.size(), kReadChunk, [&](std::uint64_t off, std::uint64_t len) {
+    pieces->push_back({&source, source_offset + off, dst.data() + off, len, tensor});
+  });
+}
+
+Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsigned threads) {
+  if (pieces.empty()) return ok_status();
+  if (threads == 0) threads = default_threads(total, kReadChunk);
+  for (std::size_t i = 0; i < std::min(pieces.size(), kReadaheadPieces); ++i) {
+    pieces[i].source->prefetch(pieces[i].source_offset, pieces[i].length);
+  }
+  return run_parallel(pieces.size(), threads, [&](std::size_t i) {
+    if (i + kReadaheadPieces < pieces.size()) {
+      const ReadPiece& ahead = pieces[i + kReadaheadPieces];
+      ahead.source->prefetch(ahead.source_offset, ahead.length);
+    }
+    const ReadPiece& p = pieces[i];
+    const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
+    return read_exact(*p.source, p.source_offset, std::span<std::byte>(p.dst, p.length), what);
+  });
+}
+
+}  // namespace safetensors::internal

@@ -1,0 +1,48 @@
+// Reads split into pieces a thread pool shares (cut by parallel.h's for_each_piece), behind File::read_many,
+// File::read_range, File::read_slice's long runs and ShardedFile::read_many.
+#ifndef SAFETENSORS_SRC_READ_PIECES_H_
+#define SAFETENSORS_SRC_READ_PIECES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "safetensors/error.h"
+#include "safetensors/source.h"
+
+namespace safetensors::internal {
+
+// Reads are split into pieces of at most this many bytes: large enough that a syscall's cost is noise, small
+// enough that a few threads share one large tensor.
+constexpr std::uint64_t kReadChunk = 8u << 20;
+
+// A contiguous range of `source` to copy to dst, part of the bytes of `tensor` (empty: of a data range).
+struct ReadPiece {
+  const Source* source;
+  std::uint64_t source_offset;
+  std::byte* dst;
+  std::uint64_t length;
+  std::string_view tensor;
+};
+
+// How a read names itself in errors: the file is the error's context, this adds the tensor.
+std::string read_of(std::string_view tensor);
+
+// Appends [source_offset, source_offset + dst.size()) of `source` as pieces of at most kReadChunk bytes.
+void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
+                std::vector<ReadPiece>* pieces);
+
+// Reads every piece with up to `threads` threads (0 = by `total`, the pieces' bytes, and the hardware); the
+// first error wins. Pieces are handed out in order, so pieces of different requests -- or files -- appended
+// in turn are read side by side, and each reader hints its piece's Source kReadaheadPieces ahead
+// (Source::prefetch). Every read is a positional read (read_exact), so a file that shrank or fails
+// underneath gives kIo, even on the mmap backend; the pieces keep a warm read as fast as copying out of the
+// mapping.
+Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsigned threads);
+
+}  // namespace safetensors::internal
+
+#endif  // SAFETENSORS_SRC_READ_PIECES_H_

@@ -1,0 +1,74 @@
+// src/parallel.h's for_each_piece (the one piece splitter) and src/read_pieces.h (reads cut by it).
+#include "read_pieces.h"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "parallel.h"
+#include "test_util.h"
+
+namespace safetensors::internal {
+namespace {
+
+using test::random_bytes;
+
+TEST(ForEachPieceTest, CoversTheRangeInOrderWithPiecesOfAtMostTheLimit) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> got;
+  for_each_piece(10, 4, [&](std::uint64_t off, std::uint64_t len) { got.emplace_back(off, len); });
+  EXPECT_EQ(got, (std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, 4}, {4, 4}, {8, 2}}));
+  got.clear();
+  for_each_piece(8, 4, [&](std::uint64_t off, std::uint64_t len) { got.emplace_back(off, len); });
+  EXPECT_EQ(got, (std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, 4}, {4, 4}}));
+  got.clear();
+  for_each_piece(0, 4, [&](std::uint64_t off, std::uint64_t len) { got.emplace_back(off, len); });
+  EXPECT_TRUE(got.empty());
+  // No overflow near the top of the range.
+  got.clear();
+  for_each_piece(UINT64_MAX, UINT64_MAX / 2 + 1, [&](std::uint64_t off, std::uint64_t len) { got.emplace_back(off, len); });
+  EXPECT_EQ(got, (std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, UINT64_MAX / 2 + 1}, {UINT64_MAX / 2 + 1, UINT64_MAX / 2}}));
+}
+
+TEST(ReadPiecesTest, SplitsAtTheReadChunkAndReadsEveryByte) {
+  const std::size_t n = 2 * kReadChunk + 123;
+  auto bytes = std::make_shared<std::vector<std::byte>>(random_bytes(n + 16, 7));
+  auto source = memory_source(*bytes, bytes);
+  std::vector<std::byte> dst(n);
+  std::vector<ReadPiece> pieces;
+  split_read(*source, 16, dst, "t", &pieces);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0].source_offset, 16u);
+  EXPECT_EQ(pieces[1].source_offset, 16 + kReadChunk);
+  EXPECT_EQ(pieces[2].length, 123u);
+  EXPECT_EQ(pieces[2].dst, dst.data() + 2 * kReadChunk);
+  for (unsigned threads : {0u, 1u, 3u}) {
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+    ASSERT_ST_OK(read_pieces(pieces, n, threads));
+    EXPECT_TRUE(std::equal(dst.begin(), dst.end(), bytes->begin() + 16));
+  }
+}
+
+TEST(ReadPiecesTest, AnErrorNamesTheTensorOrTheDataBuffer) {
+  auto bytes = std::make_shared<std::vector<std::byte>>(random_bytes(64, 3));
+  auto faulty = std::make_shared<testing::FaultySource>(memory_source(*bytes, bytes, "f.safetensors"));
+  faulty->eio_at_offset = 40;
+  std::vector<std::byte> dst(32);
+  std::vector<ReadPiece> pieces;
+  split_read(*faulty, 32, dst, "w", &pieces);
+  auto st = read_pieces(pieces, dst.size(), 1);
+  EXPECT_ST_ERROR(st, kIo);
+  EXPECT_NE(st.error().to_string().find("read of tensor `w`"), std::string::npos) << st.error().to_string();
+  pieces.clear();
+  split_read(*faulty, 32, dst, {}, &pieces);
+  st = read_pieces(pieces, dst.size(), 1);
+  EXPECT_ST_ERROR(st, kIo);
+  EXPECT_NE(st.error().to_string().find("read of the data buffer"), std::string::npos) << st.error().to_string();
+  EXPECT_ST_OK(read_pieces({}, 0, 0));
+}
+
+}  // namespace
+}  // namespace safetensors::internal
