@@ -17,7 +17,7 @@ The checkpoint (``--size``, ``--tensors`` bf16 tensors of five sizes around size
 read once before the measured runs (warm page cache). The first run checks every byte on the device against a
 CPU load. The simulator changes the process it runs in (like importing torch_npu), so this runs alone:
 
-    .venv/bin/python bench/npu_sim_overlap.py --size 512M --tensors 320 --reps 5 --delay-us 2000,20000
+    .venv/bin/python bench/npu_sim_overlap.py --size 512M --tensors 320 --reps 5 --delay-us 200,2000,20000
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def main() -> None:
     ap.add_argument("--size", default="512M")
     ap.add_argument("--tensors", type=int, default=320)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--delay-us", default="2000,20000", help="comma-separated per-copy delays of the simulator")
+    ap.add_argument("--delay-us", default="200,2000,20000", help="comma-separated per-copy delays of the simulator")
     ap.add_argument("--tmpdir", default=str(ROOT / "build" / "bench-results" / "tmp"))
     ap.add_argument("--json", help="write every sample here")
     args = ap.parse_args()
