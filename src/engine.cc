@@ -72,6 +72,8 @@ struct SlabPool::State {
   std::uint64_t allocations GUARDED_BY(mu) = 0;
   std::uint64_t frees GUARDED_BY(mu) = 0;
   std::uint64_t users GUARDED_BY(mu) = 0;
+  std::uint64_t allocator_changes GUARDED_BY(mu) = 0;
+  bool custom_allocator GUARDED_BY(mu) = false;
   bool release_when_idle GUARDED_BY(mu) = true;
   std::shared_ptr<const SlabAllocator> allocator GUARDED_BY(mu) = default_allocator();
   std::vector<SlabMemory> free_list GUARDED_BY(mu);
@@ -308,6 +310,8 @@ Status SlabPool::set_allocator(SlabAllocator allocator) {
   std::vector<SlabMemory> doomed;
   MutexLock lock(&state_->mu);
   state_->allocator = std::move(shared);
+  state_->allocator_changes += 1;
+  state_->custom_allocator = has_alloc;
   state_->take_free(&doomed, [](const SlabMemory&) { return true; });
   return ok_status();
 }
@@ -327,7 +331,7 @@ SlabPoolStats SlabPool::stats() const {
   State& s = *state_;
   MutexLock lock(&s.mu);
   return {s.capacity, s.slab_bytes, s.allocated, s.peak, s.in_use, s.free_list.size(),
-          s.allocations, s.frees, s.users};
+          s.allocations, s.frees, s.users, s.allocator_changes, s.custom_allocator};
 }
 
 void SlabPool::reset_peak() {
@@ -473,6 +477,7 @@ struct Prefetcher::Impl {
   std::atomic<bool> stop{false};
 
   std::atomic<std::uint64_t> bytes_read{0}, reads{0}, bytes_staged{0}, bytes_direct{0}, slab_wait_ns{0};
+  std::atomic<std::uint64_t> started_ns{0}, last_read_end_ns{0};
 
   mutable internal::Mutex mu;
   // next() and wait_piece() wait here: an event was queued, a piece completed, an error, cancel().
@@ -693,6 +698,16 @@ struct Prefetcher::Impl {
   void count_read(std::uint64_t length) {
     bytes_read.fetch_add(length, std::memory_order_relaxed);
     reads.fetch_add(1, std::memory_order_relaxed);
+    const std::uint64_t now = steady_ns();
+    std::uint64_t seen = last_read_end_ns.load(std::memory_order_relaxed);
+    while (now > seen && !last_read_end_ns.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  static std::uint64_t steady_ns() {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
   }
 
   Result<PrefetchEvent> next(std::optional<std::chrono::steady_clock::time_point> deadline) EXCLUDES(mu) {
@@ -856,6 +871,7 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
   std::unique_ptr<Prefetcher> out(new Prefetcher(std::move(impl)));
   Impl* p = out->impl_.get();
   p->threads.reserve(threads);
+  p->started_ns.store(Impl::steady_ns(), std::memory_order_relaxed);
   for (unsigned t = 0; t < threads; ++t) p->threads.emplace_back([p] { p->reader(); });
   return out;
 }
@@ -917,6 +933,8 @@ PrefetchStats Prefetcher::stats() const {
   s.bytes_direct = m.bytes_direct.load(std::memory_order_relaxed);
   s.chunks = m.chunks.size();
   s.slab_wait_ns = m.slab_wait_ns.load(std::memory_order_relaxed);
+  s.started_ns = m.started_ns.load(std::memory_order_relaxed);
+  s.last_read_end_ns = m.last_read_end_ns.load(std::memory_order_relaxed);
   MutexLock lock(&m.mu);
   s.events_lent = m.events_lent;
   return s;

@@ -108,6 +108,11 @@ struct SlabPoolStats {
   std::uint64_t frees = 0;
   // Prefetchers attached now.
   std::uint64_t users = 0;
+  // set_allocator() calls that succeeded, in total: a caller that installed an allocator knows it is still
+  // the pool's while this is the value it saw right after installing it.
+  std::uint64_t allocator_changes = 0;
+  // Whether slabs now come from a set_allocator() allocator rather than the default one.
+  bool custom_allocator = false;
 };
 
 // A bounded pool of equally sized host slabs, shared by every Prefetcher that uses it: never more than
@@ -223,6 +228,11 @@ struct PrefetchStats {
   std::uint64_t slab_wait_ns = 0;
   // Staged events handed out by next() and not yet released.
   std::uint64_t events_lent = 0;
+  // The read phase, in std::chrono::steady_clock nanoseconds (CLOCK_MONOTONIC on Linux): when start() started
+  // the readers, and when the last read that succeeded so far ended (0 before the first). For benchmarks that
+  // relate device copies to the reads (slab waits lie inside the phase; see slab_wait_ns).
+  std::uint64_t started_ns = 0;
+  std::uint64_t last_read_end_ns = 0;
 };
 
 // A running prefetch of one plan over one File. Created by start(); readers run until every chunk was read,

@@ -15,28 +15,46 @@
 // tensor (or any view of its storage) lives -- after the returned map, and the File, are gone. A tensor whose
 // bytes are not aligned to its element size (possible in files whose header length is not a multiple of 8)
 // is copied instead. With the pread backend (or a mapping that fell back to it) tensors own their memory and
-// are read in parallel. For another device the bytes are copied once, from the mapping (or the CPU tensor
-// read with pread) to that device. F4 loads as torch.float4_e2m1fn_x2, two values per byte: the last
-// dimension is halved, and must be even. Dtypes torch has no type for (F6_E2M3, F6_E3M2) fail with
-// kInvalidArgument naming the tensor.
+// are read in parallel. For another device the bytes stream through the loading engine (engine.h): reader
+// threads fill host slabs of a bounded SlabPool, each landed chunk is copied into the tensor's device memory,
+// and a slab is recycled only once the device finished copying out of it. Slabs are page-locked where torch
+// has a pinned host allocator for the device type (LoadOptions::pinned; CPU-only builds of torch have none,
+// and then slabs are pageable): their copies are non-blocking, with an event recorded on the device's current
+// stream after each and waited for before the slab goes back; copies from pageable slabs are synchronous.
+// Every copy has completed when load() returns, so the tensors are ready on any stream. Host memory is the
+// pool's capacity whatever the model size; device memory holds only the tensors. `meta` tensors read nothing.
+// LoadOptions::stage_cpu runs that path for the CPU as well (copies out of slabs instead of views and direct
+// reads). Packed dtypes use the dtype table's torch_pack: F4 loads as torch.float4_e2m1fn_x2, two values per
+// byte, so the last dimension is divided by 2 and must be even. Dtypes torch has no type for (F6_E2M3,
+// F6_E3M2) fail with kInvalidArgument naming the tensor.
 //
 // Saving. Each CPU tensor is written straight from its own memory; a tensor on another device is copied to
 // the CPU first. Tensors must be contiguous and strided; a non-contiguous tensor fails with kInvalidArgument
 // naming it (call .contiguous() first). torch.float4_e2m1fn_x2 is written as F4 with the last dimension
 // doubled. Tensors that share memory are each written in full.
 //
-// Thread safety: the functions are free functions; concurrent calls on distinct data are safe.
+// Thread safety: the functions are free functions; concurrent calls on distinct data are safe (concurrent
+// device loads share their slab pool, which is bounded for all of them together).
 // Errors: a torch exception (c10::Error: a device that is not available, a meta tensor to save, ...) is
 // turned into a kInvalidArgument Error naming the file; it does not propagate.
 #ifndef SAFETENSORS_LIBTORCH_H_
 #define SAFETENSORS_LIBTORCH_H_
 
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/types.h>
 
+#include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -46,6 +64,7 @@
 #include <vector>
 
 #include "safetensors/dtype.h"
+#include "safetensors/engine.h"
 #include "safetensors/error.h"
 #include "safetensors/file.h"
 #include "safetensors/sharded.h"
@@ -92,11 +111,73 @@ inline std::optional<Dtype> from_torch_dtype(torch::ScalarType type) {
   return std::nullopt;
 }
 
+// How load() moves the bytes of tensors it copies (see "Loading" at the top of this file).
+struct LoadOptions {
+  // Engine reader threads per file (1..64; 0 = 8).
+  unsigned threads = 8;
+  // The pool that stages device loads (and stage_cpu loads); its capacity bounds their host memory, for all
+  // concurrent loads using it together. nullptr: for a device, the adapter's pool for its device type --
+  // page-locked where this torch has a pinned host allocator for the type and `pinned` is set -- else
+  // SlabPool::global() (pageable). A caller's pool is used as it is: a copy out of one of its slabs is
+  // non-blocking only where torch counts the slab as page-locked (at::Context::isPinnedPtr).
+  SlabPool* pool = nullptr;
+  // Whether the adapter's own pool may be page-locked. false: pageable slabs and synchronous copies.
+  bool pinned = true;
+  // Loads onto the CPU through the staging slabs too, copying out of them, instead of zero-copy views and
+  // direct reads: the device path, with host memory beyond the tensors bounded by the pool.
+  bool stage_cpu = false;
+};
+
+// A SlabAllocator over torch's page-locked host allocator for `type` (at::Context::getPinnedMemoryAllocator:
+// CUDA, XPU, or a PrivateUse1 backend that registers one), for a SlabPool that stages device loads; nullopt
+// where this torch has none for the type (a CPU-only build asked for CUDA, the CPU, meta). The allocator's
+// memory is freed through torch. Safe to call from any thread.
+inline std::optional<SlabAllocator> pinned_slab_allocator(c10::DeviceType type) {
+  if (type == c10::DeviceType::CPU || type == c10::DeviceType::Meta) return std::nullopt;
+  at::Allocator* allocator = nullptr;
+  try {
+    allocator = at::globalContext().getPinnedMemoryAllocator(type);
+  } catch (const c10::Error&) {  // no accelerator library for the type in this build
+    return std::nullopt;
+  }
+  if (allocator == nullptr) return std::nullopt;
+  struct Live {
+    at::Allocator* allocator = nullptr;
+    std::mutex mu;
+    std::unordered_map<void*, c10::DataPtr> slabs;  // what torch handed out, by address, until freed
+  };
+  auto live = std::make_shared<Live>();
+  live->allocator = allocator;
+  SlabAllocator out;
+  out.alloc = [live](std::size_t size) -> void* {
+    try {
+      c10::DataPtr slab = live->allocator->allocate(size);
+      void* address = slab.get();
+      if (address == nullptr) return nullptr;
+      std::lock_guard<std::mutex> lock(live->mu);
+      live->slabs.emplace(address, std::move(slab));
+      return address;
+    } catch (const std::exception&) {  // out of page-locked memory: the engine reports ENOMEM
+      return nullptr;
+    }
+  };
+  out.free = [live](void* address, std::size_t) {
+    c10::DataPtr doomed;  // destroyed after the lock is released: freeing may take torch's own locks
+    std::lock_guard<std::mutex> lock(live->mu);
+    auto it = live->slabs.find(address);
+    if (it == live->slabs.end()) return;
+    doomed = std::move(it->second);
+    live->slabs.erase(it);
+  };
+  return out;
+}
+
 namespace detail {
 
 inline std::string quoted(std::string_view name) { return "`" + std::string(name) + "`"; }
 
-// The torch sizes of a tensor: its shape, with F4's last dimension halved (two values per byte).
+// The torch sizes of a tensor: its shape, with the last dimension divided by the dtype's torch_pack (F4: two
+// values per byte).
 inline Result<std::vector<std::int64_t>> torch_sizes(const File& file, const TensorInfo& t) {
   std::vector<std::int64_t> sizes;
   sizes.reserve(t.shape.size());
@@ -106,13 +187,16 @@ inline Result<std::vector<std::int64_t>> torch_sizes(const File& file, const Ten
     }
     sizes.push_back(static_cast<std::int64_t>(d));
   }
-  if (t.dtype == Dtype::kF4) {
-    if (sizes.empty() || sizes.back() % 2 != 0) {
-      return Error::invalid_argument(file.path(), "tensor " + quoted(t.name) +
-                                                      ": F4 loads as torch.float4_e2m1fn_x2 (two values per "
-                                                      "byte), which needs an even last dimension");
+  const DtypeInfo& row = dtype_info(t.dtype);
+  if (row.torch_pack != 1) {
+    if (sizes.empty() || sizes.back() % row.torch_pack != 0) {
+      return Error::invalid_argument(
+          file.path(), "tensor " + quoted(t.name) + ": " + std::string(row.code) + " loads as torch." +
+                           std::string(row.torch_name) + " (" + std::to_string(row.torch_pack) +
+                           " values per element), which needs a last dimension that is a multiple of " +
+                           std::to_string(row.torch_pack));
     }
-    sizes.back() /= 2;
+    sizes.back() /= row.torch_pack;
   }
   return sizes;
 }
@@ -141,45 +225,252 @@ inline Result<std::optional<torch::Tensor>> try_view(const File& file, const Ten
                        torch::TensorOptions().dtype(type)));
 }
 
-inline Status to_device(const std::string& path, std::string_view name, torch::Tensor* t, const torch::Device& device) {
-  if (t->device() == device) return ok_status();
-  try {
-    *t = t->to(device);
-  } catch (const c10::Error& e) {
-    return Error::invalid_argument(path, "cannot move tensor " + quoted(name) + " to " + device.str() + ": " +
-                                             e.what_without_backtrace());
-  }
-  return ok_status();
-}
-
 inline Error torch_error(const std::string& path, const c10::Error& e) {
   return Error::invalid_argument(path, std::string("torch: ") + e.what_without_backtrace());
 }
 
-inline Result<torch::Tensor> load_tensor(const File& file, const TensorInfo& tensor, const torch::Device& device) {
-  SAFETENSORS_ASSIGN_OR_RETURN(torch::ScalarType type, detail::torch_dtype_of(file, tensor));
-  SAFETENSORS_ASSIGN_OR_RETURN(std::vector<std::int64_t> sizes, detail::torch_sizes(file, tensor));
-  SAFETENSORS_ASSIGN_OR_RETURN(std::optional<torch::Tensor> view, detail::try_view(file, tensor, type, sizes));
-  torch::Tensor out;
-  if (view) {
-    out = std::move(*view);
-  } else {
-    out = torch::empty(sizes, torch::TensorOptions().dtype(type));
-    SAFETENSORS_RETURN_IF_ERROR(
-        file.read_into(tensor, std::span<std::byte>(static_cast<std::byte*>(out.data_ptr()), out.nbytes())));
+inline Error move_error(const std::string& path, std::string_view name, const torch::Device& device,
+                        const c10::Error& e) {
+  return Error::invalid_argument(path, "cannot move tensor " + quoted(name) + " to " + device.str() + ": " +
+                                           e.what_without_backtrace());
+}
+
+// Storage for an object that is never destroyed (the adapter's slab pools: their slabs may come from a torch
+// allocator that is gone at exit).
+template <typename T>
+class NoDestructor {
+ public:
+  NoDestructor() { new (storage_) T(); }
+  T& get() { return *std::launder(reinterpret_cast<T*>(storage_)); }
+
+ private:
+  alignas(T) unsigned char storage_[sizeof(T)];
+};
+
+// The adapter's staging pool for device loads onto `type`: page-locked slabs from torch where it has a pinned
+// allocator for the type, created on first use with the default capacity; SlabPool::global() (pageable)
+// where it has none.
+inline SlabPool& device_pool(c10::DeviceType type) {
+  struct Pools {
+    std::mutex mu;
+    std::array<std::unique_ptr<SlabPool>, static_cast<std::size_t>(c10::COMPILE_TIME_MAX_DEVICE_TYPES)> by_type;
+    std::array<bool, static_cast<std::size_t>(c10::COMPILE_TIME_MAX_DEVICE_TYPES)> probed{};
+  };
+  static NoDestructor<Pools> pools;
+  Pools& p = pools.get();
+  const auto i = static_cast<std::size_t>(type);
+  if (i >= p.by_type.size()) return SlabPool::global();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (!p.probed[i]) {
+    p.probed[i] = true;
+    if (std::optional<SlabAllocator> pinned = pinned_slab_allocator(type)) {
+      auto pool = std::make_unique<SlabPool>();
+      if (pool->set_allocator(std::move(*pinned)).ok()) p.by_type[i] = std::move(pool);
+    }
   }
-  SAFETENSORS_RETURN_IF_ERROR(detail::to_device(file.path(), tensor.name, &out, device));
-  return out;
+  return p.by_type[i] ? *p.by_type[i] : SlabPool::global();
+}
+
+// Whether torch counts `p` as page-locked memory for `type` (so that a copy from it may be non-blocking).
+inline bool is_page_locked(const void* p, c10::DeviceType type) {
+  if (type == c10::DeviceType::CPU || type == c10::DeviceType::Meta) return false;
+  try {
+    return at::globalContext().isPinnedPtr(p, type);
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
+// Device copies issued out of slabs and not known to be complete, oldest first, each with the event recorded
+// after it on the copying stream. A slab goes back to the Prefetcher only once its copy's event completed; the
+// destructor waits for every pending copy, so that no slab is recycled (nor the Prefetcher, declared before
+// this, destroyed) while the device may still read it -- also on the way out of an error.
+class InFlight {
+ public:
+  explicit InFlight(Prefetcher& prefetcher) : prefetcher_(prefetcher) {}
+  ~InFlight() {
+    while (!pending_.empty()) {
+      try {
+        pending_.front().first.synchronize();
+      } catch (const std::exception&) {  // a failed device: nothing runs on it any more
+      }
+      (void)prefetcher_.release(pending_.front().second);  // lent by construction; reported where it matters
+      pending_.pop_front();
+    }
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+  bool empty() const { return pending_.empty(); }
+  void add(c10::Event done, SlabHandle slab) { pending_.emplace_back(std::move(done), slab); }
+
+  // Returns the slabs of the copies that completed, in order; with `wait`, waits for the oldest one first.
+  // Throws what the device's event throws.
+  Status retire(bool wait) {
+    while (!pending_.empty()) {
+      c10::Event& done = pending_.front().first;
+      if (wait) {
+        done.synchronize();
+        wait = false;
+      } else if (!done.query()) {
+        break;
+      }
+      const SlabHandle slab = pending_.front().second;
+      pending_.pop_front();
+      SAFETENSORS_RETURN_IF_ERROR(prefetcher_.release(slab));
+    }
+    return ok_status();
+  }
+
+  // Waits for every pending copy.
+  Status finish() {
+    while (!pending_.empty()) SAFETENSORS_RETURN_IF_ERROR(retire(true));
+    return ok_status();
+  }
+
+ private:
+  Prefetcher& prefetcher_;
+  std::deque<std::pair<c10::Event, SlabHandle>> pending_;
+};
+
+// Streams `tensors` (each one of `file`'s) through the engine into new tensors on `device`, stored in *out:
+// reader threads fill staging slabs, each landed chunk is copied into the tensor's bytes on the device
+// (non-blocking from page-locked slabs, with an event; synchronous otherwise; a memcpy on the CPU), and its
+// slab returns to the pool once that copy completed. Returns once every copy completed.
+inline Status stage_into(const File& file, const std::vector<const TensorInfo*>& tensors, const torch::Device& device,
+                         const LoadOptions& options, TensorMap* out) {
+  // Destination bytes: one flat byte tensor per tensor, which the returned tensor views with its dtype and sizes.
+  std::vector<torch::Tensor> dst;
+  std::vector<Piece> plan;
+  dst.reserve(tensors.size());
+  plan.reserve(tensors.size());
+  for (const TensorInfo* t : tensors) {
+    SAFETENSORS_ASSIGN_OR_RETURN(torch::ScalarType type, torch_dtype_of(file, *t));
+    SAFETENSORS_ASSIGN_OR_RETURN(std::vector<std::int64_t> sizes, torch_sizes(file, *t));
+    SAFETENSORS_ASSIGN_OR_RETURN(Piece piece, tensor_piece(file, *t));
+    // nbytes <= the file's size (validated at open), which fits an int64 (off_t).
+    const auto nbytes = static_cast<std::int64_t>(t->nbytes());
+    try {
+      dst.push_back(torch::empty({nbytes}, torch::TensorOptions().dtype(torch::kUInt8).device(device)));
+      (*out)[std::string(t->name)] = dst.back().view(type).view(sizes);
+    } catch (const c10::Error& e) {
+      return move_error(file.path(), t->name, device, e);
+    }
+    plan.push_back(piece);
+  }
+  if (plan.empty()) return ok_status();
+  const torch::Device on = dst.front().device();  // with its index (the current device for "cuda")
+  const bool to_cpu = on.is_cpu();
+  SlabPool* pool = options.pool;
+  if (pool == nullptr) pool = options.pinned && !to_cpu ? &device_pool(on.type()) : &SlabPool::global();
+  SAFETENSORS_ASSIGN_OR_RETURN(std::unique_ptr<Prefetcher> prefetcher,
+                               Prefetcher::start(file, std::move(plan), {.threads = options.threads, .pool = pool}));
+  std::optional<c10::DeviceGuard> guard;
+  std::optional<c10::Stream> stream;
+  if (!to_cpu) {
+    guard.emplace(on);
+    stream = c10::impl::getDeviceGuardImpl(on.type())->getStream(on);
+  }
+  std::unordered_map<const std::byte*, bool> page_locked;  // per slab allocation
+  InFlight in_flight(*prefetcher);
+  for (;;) {
+    SAFETENSORS_RETURN_IF_ERROR(in_flight.retire(false));
+    // With copies pending, wait for the readers only briefly: once every slab is lent to a copy they wait for
+    // one, and the oldest copy must be waited for to free it.
+    Result<PrefetchEvent> ev =
+        in_flight.empty() ? prefetcher->next() : prefetcher->next_for(std::chrono::milliseconds(20));
+    if (!ev.ok()) return std::move(ev).error();  // names the file and the tensor; in_flight waits first
+    if (ev->kind == PrefetchEvent::Kind::kEnd) break;
+    if (ev->kind == PrefetchEvent::Kind::kTimeout) {
+      SAFETENSORS_RETURN_IF_ERROR(in_flight.retire(true));
+      continue;
+    }
+    if (ev->bytes.empty()) continue;  // a zero-size tensor: no slab
+    const TensorInfo& t = *tensors[ev->piece];
+    // A chunk lies in one piece; offset + size <= the piece's size, an int64 like nbytes above.
+    const auto offset = static_cast<std::int64_t>(ev->offset);
+    const auto size = static_cast<std::int64_t>(ev->bytes.size());
+    if (to_cpu) {
+      std::memcpy(static_cast<std::byte*>(dst[ev->piece].data_ptr()) + offset, ev->bytes.data(), ev->bytes.size());
+      SAFETENSORS_RETURN_IF_ERROR(prefetcher->release(ev->slab));
+      continue;
+    }
+    auto known = page_locked.find(ev->slab_data);
+    if (known == page_locked.end()) {
+      known = page_locked.emplace(ev->slab_data, is_page_locked(ev->slab_data, on.type())).first;
+    }
+    const bool non_blocking = known->second;
+    try {
+      // torch only reads the source of a copy; the slab stays the engine's.
+      const torch::Tensor src = torch::from_blob(const_cast<std::byte*>(ev->bytes.data()), {size},
+                                                 torch::TensorOptions().dtype(torch::kUInt8));
+      dst[ev->piece].narrow(0, offset, size).copy_(src, non_blocking);
+      if (!non_blocking) {
+        // A blocking copy has read all of its source when copy_ returns.
+        SAFETENSORS_RETURN_IF_ERROR(prefetcher->release(ev->slab));
+        continue;
+      }
+      c10::Event done(on.type());
+      done.record(*stream);
+      in_flight.add(std::move(done), ev->slab);
+    } catch (const c10::Error& e) {
+      // The slab of a copy that failed to start is not read by the device.
+      (void)prefetcher->release(ev->slab);
+      return move_error(file.path(), t.name, on, e);
+    }
+  }
+  return in_flight.finish();
 }
 
 inline const File& shard_for(const File& file, const TensorInfo&) { return file; }
 inline const File& shard_for(const ShardedFile& sharded, const TensorInfo& t) { return sharded.file_of(t); }
 
-// Every tensor of a File or a ShardedFile: zero-copy views where possible, one parallel read_many for the rest.
+inline Result<torch::Tensor> load_tensor(const File& file, const TensorInfo& tensor, const torch::Device& device,
+                                         const LoadOptions& options) {
+  SAFETENSORS_ASSIGN_OR_RETURN(torch::ScalarType type, detail::torch_dtype_of(file, tensor));
+  SAFETENSORS_ASSIGN_OR_RETURN(std::vector<std::int64_t> sizes, detail::torch_sizes(file, tensor));
+  if (device.is_meta()) return torch::empty(sizes, torch::TensorOptions().dtype(type).device(device));
+  if (!device.is_cpu() || options.stage_cpu) {
+    TensorMap one;
+    SAFETENSORS_RETURN_IF_ERROR(stage_into(file, {&tensor}, device, options, &one));
+    return std::move(one.begin()->second);
+  }
+  SAFETENSORS_ASSIGN_OR_RETURN(std::optional<torch::Tensor> view, detail::try_view(file, tensor, type, sizes));
+  if (view) return std::move(*view);
+  torch::Tensor out = torch::empty(sizes, torch::TensorOptions().dtype(type));
+  SAFETENSORS_RETURN_IF_ERROR(
+      file.read_into(tensor, std::span<std::byte>(static_cast<std::byte*>(out.data_ptr()), out.nbytes())));
+  return out;
+}
+
+// Every tensor of a File or a ShardedFile. CPU: zero-copy views where possible, one parallel read_many for the
+// rest. Another device (or stage_cpu): the engine, one Prefetcher per file in turn. meta: no I/O.
 template <typename Tensors>
-Result<TensorMap> load_all(const Tensors& files, const torch::Device& device) {
+Result<TensorMap> load_all(const Tensors& files, const torch::Device& device, const LoadOptions& options) {
   TensorMap out;
   out.reserve(files.tensors().size());
+  if (device.is_meta()) {
+    for (const TensorInfo& t : files.tensors()) {
+      const File& file = shard_for(files, t);
+      SAFETENSORS_ASSIGN_OR_RETURN(torch::ScalarType type, detail::torch_dtype_of(file, t));
+      SAFETENSORS_ASSIGN_OR_RETURN(std::vector<std::int64_t> sizes, detail::torch_sizes(file, t));
+      out[std::string(t.name)] = torch::empty(sizes, torch::TensorOptions().dtype(type).device(device));
+    }
+    return out;
+  }
+  if (!device.is_cpu() || options.stage_cpu) {
+    // The tensors of each file, in order (a ShardedFile lists them shard by shard).
+    std::vector<std::pair<const File*, std::vector<const TensorInfo*>>> by_file;
+    for (const TensorInfo& t : files.tensors()) {
+      const File* file = &shard_for(files, t);
+      if (by_file.empty() || by_file.back().first != file) by_file.emplace_back(file, std::vector<const TensorInfo*>());
+      by_file.back().second.push_back(&t);
+    }
+    for (const auto& [file, tensors] : by_file) {
+      SAFETENSORS_RETURN_IF_ERROR(stage_into(*file, tensors, device, options, &out));
+    }
+    return out;
+  }
   std::vector<ReadRequest> reads;
   for (const TensorInfo& t : files.tensors()) {
     const File& file = shard_for(files, t);
@@ -195,31 +486,31 @@ Result<TensorMap> load_all(const Tensors& files, const torch::Device& device) {
     }
   }
   SAFETENSORS_RETURN_IF_ERROR(files.read_many(reads));
-  if (device.is_cpu()) return out;
-  for (const TensorInfo& t : files.tensors()) {
-    SAFETENSORS_RETURN_IF_ERROR(to_device(shard_for(files, t).path(), t.name, &out[std::string(t.name)], device));
-  }
   return out;
 }
 
 }  // namespace detail
 
-// One tensor of `file`, on `device`. Errors: kInvalidArgument (a dtype torch lacks, an F4 tensor with an
-// odd last dimension, a device torch cannot copy to, any other torch failure), kIo.
+// One tensor of `file`, on `device` (another device: through the engine, see LoadOptions). Errors:
+// kInvalidArgument (a dtype torch lacks, an F4 tensor with an odd last dimension, a device torch cannot copy
+// to, any other torch failure), kIo (a short read of a file that shrank, naming the file and the tensor).
 inline Result<torch::Tensor> load_tensor(const File& file, const TensorInfo& tensor,
-                                         const torch::Device& device = torch::kCPU) {
+                                         const torch::Device& device = torch::kCPU,
+                                         const LoadOptions& options = {}) {
   try {
-    return detail::load_tensor(file, tensor, device);
+    return detail::load_tensor(file, tensor, device, options);
   } catch (const c10::Error& e) {
     return detail::torch_error(file.path(), e);
   }
 }
 
 // Every tensor of `file`, on `device`. Tensors that need a copy on the CPU are read in parallel
-// (File::read_many). Errors: those of load_tensor().
-inline Result<TensorMap> load(const File& file, const torch::Device& device = torch::kCPU) {
+// (File::read_many); loads onto another device stream through the engine's reader threads and staging slabs.
+// Errors: those of load_tensor().
+inline Result<TensorMap> load(const File& file, const torch::Device& device = torch::kCPU,
+                              const LoadOptions& options = {}) {
   try {
-    return detail::load_all(file, device);
+    return detail::load_all(file, device, options);
   } catch (const c10::Error& e) {
     return detail::torch_error(file.path(), e);
   }
@@ -228,16 +519,17 @@ inline Result<TensorMap> load(const File& file, const torch::Device& device = to
 // Opens `path` with `backend` and loads every tensor onto `device`. Errors: those of File::open() and
 // load_tensor().
 inline Result<TensorMap> load(const std::string& path, const torch::Device& device = torch::kCPU,
-                              Backend backend = Backend::kMmap) {
+                              Backend backend = Backend::kMmap, const LoadOptions& options = {}) {
   SAFETENSORS_ASSIGN_OR_RETURN(File file, File::open(path, {.backend = backend}));
-  return load(file, device);
+  return load(file, device, options);
 }
 
-// Every visible tensor of a sharded checkpoint (ShardedFile::open_index / open_files), on `device`; copies
-// from different shards are read in parallel. Errors: those of load_tensor(), each naming its shard.
-inline Result<TensorMap> load(const ShardedFile& sharded, const torch::Device& device = torch::kCPU) {
+// Every visible tensor of a sharded checkpoint (ShardedFile::open_index / open_files), on `device`; CPU
+// copies from different shards are read in parallel, device loads stream one shard after another. Errors: those of load_tensor(), each naming its shard.
+inline Result<TensorMap> load(const ShardedFile& sharded, const torch::Device& device = torch::kCPU,
+                              const LoadOptions& options = {}) {
   try {
-    return detail::load_all(sharded, device);
+    return detail::load_all(sharded, device, options);
   } catch (const c10::Error& e) {
     return detail::torch_error(sharded.index_path().empty() ? std::string("<shards>") : sharded.index_path(), e);
   }
@@ -277,9 +569,17 @@ inline Status save(const std::string& path, const TensorMap& tensors, const std:
     d.name = name;
     d.dtype = *dtype;
     for (std::int64_t s : cpu->sizes()) d.shape.push_back(static_cast<std::uint64_t>(s));
-    if (d.dtype == Dtype::kF4) {
-      if (d.shape.empty()) return bad("is a float4_e2m1fn_x2 scalar; F4 needs at least one dimension");
-      d.shape.back() *= 2;
+    const DtypeInfo& row = dtype_info(d.dtype);
+    if (row.torch_pack != 1) {
+      if (d.shape.empty()) {
+        return bad("is a " + std::string(row.torch_name) + " scalar; " + std::string(row.code) +
+                   " needs at least one dimension");
+      }
+      // The header holds logical values: torch's last dimension times the values packed per element.
+      if (d.shape.back() > std::numeric_limits<std::uint64_t>::max() / row.torch_pack) {
+        return bad("has a last dimension too large to unpack");
+      }
+      d.shape.back() *= row.torch_pack;
     }
     d.data = std::span<const std::byte>(static_cast<const std::byte*>(cpu->data_ptr()), cpu->nbytes());
     data.push_back(std::move(d));

@@ -10,6 +10,12 @@ is in ``safetensors/paddle.py``.
 
 Host staging memory is the pool's capacity (``set_staging_capacity``, default 256 MiB) whatever the model
 size, shared by every concurrent load in the process, and returned once no load is running.
+
+The pool's allocator is this module's only while nobody else installed one: a load installs it when the pool
+has the default allocator (or this module's), and leaves another caller's allocator in place. Slabs that are
+not the copying framework's memory (another allocator's), or that torch could not pin, are copied from
+synchronously, as pageable memory; ``staging_stats()`` counts those copies and the ``safetensors`` logger says
+so at debug level.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import logging
 import os
 import threading
 from functools import partial
@@ -68,6 +75,13 @@ class DeviceCopier(Protocol):
 _slabs: Dict[int, Tuple[str, Any]] = {}
 _allocator_lock = threading.Lock()
 _allocator_framework: Optional[str] = None
+# The pool's allocator_changes right after this module last installed its allocator (None: never): while the
+# pool still reports that count, its allocator is ours.
+_installed_at: Optional[int] = None
+# Copies out of slabs that were not the copying framework's memory / torch slabs torch could not pin: both run
+# synchronously, from pageable memory.
+_fallbacks = {"foreign_slab_copies": 0, "pageable_slab_copies": 0}
+_log = logging.getLogger("safetensors")
 
 
 def _alloc(copier: type, size: int) -> int:
@@ -80,13 +94,23 @@ def _free(address: int, size: int) -> None:
     _slabs.pop(address, None)
 
 
-def _use_allocator(copier: DeviceCopier) -> None:
-    """Slabs allocated from now on come from ``copier``'s framework (slabs in use keep their maker)."""
-    global _allocator_framework
+def _use_allocator(copier: DeviceCopier) -> bool:
+    """Slabs allocated from now on come from ``copier``'s framework (slabs in use keep their maker) -- unless
+    another caller has installed an allocator of its own on the pool, which is left in place. True when the
+    pool's allocator is ours. An allocator installed concurrently with this call is seen by the next load."""
+    global _allocator_framework, _installed_at
     with _allocator_lock:
-        if _allocator_framework != copier.framework:
+        stats = _cpp.slab_pool_stats()
+        ours = _installed_at is not None and stats["allocator_changes"] == _installed_at
+        if not ours and stats["custom_allocator"]:
+            _log.debug("safetensors: the staging slab pool's allocator is not safetensors' (another caller "
+                       "installed one); accelerator loads copy from its slabs synchronously, as pageable memory")
+            return False
+        if not ours or _allocator_framework != copier.framework:
             _cpp.slab_pool_set_allocator(partial(_alloc, type(copier)), _free)
             _allocator_framework = copier.framework
+            _installed_at = _cpp.slab_pool_stats()["allocator_changes"]
+        return True
 
 
 def host_view(address: int, size: int) -> memoryview:
@@ -126,6 +150,7 @@ def stream_to_device(
         return
     copier = copier if copier is not None else TorchCopier(device)
     _use_allocator(copier)
+    foreign = 0  # copies out of slabs that are not copier's framework's memory
     plan = [(names[i] if names else "", begin, end, None) for i, (_, begin, end) in enumerate(jobs)]
     prefetcher = _cpp.Prefetcher(file, plan, threads=threads or READER_THREADS)
     # Copies issued and not known to be complete, in issue order (a stream runs them in that order):
@@ -155,8 +180,14 @@ def stream_to_device(
                 if event.kind == "timeout":
                     retire(True)
                     continue
+                if not event.size:  # a zero-size piece: nothing to copy
+                    pending.append((None, event.slab, event.piece if event.piece_done else -1))
+                    continue
+                # By address: a slab is ours exactly while it is one of our live slabs (_free drops it).
                 slab = _slabs.get(event.slab_address)
                 own = slab is not None and slab[0] == copier.framework
+                if not own:  # another allocator's memory: the copier copies it by address, synchronously
+                    foreign += 1
                 copier.copy(jobs[event.piece][0], event.offset, event.size, event.address,
                             (slab[1], event.address - event.slab_address) if own else None)
                 pending.append((copier.record(), event.slab, event.piece if event.piece_done else -1))
@@ -177,6 +208,18 @@ def stream_to_device(
     while pending:
         retire(True)
     prefetcher.close()
+    if foreign:
+        _count_fallback("foreign_slab_copies", foreign)
+
+
+def _count_fallback(kind: str, count: int = 1) -> None:
+    with _allocator_lock:
+        _fallbacks[kind] += count
+    if kind == "foreign_slab_copies":
+        _log.debug("safetensors: %d staged copies came from another allocator's slabs; they ran synchronously "
+                   "from pageable memory", count)
+    else:
+        _log.debug("safetensors: a staging slab torch could not pin was copied from synchronously")
 
 
 def fill(file: Any, jobs: Sequence[Job], device: Any, copier: Optional[DeviceCopier] = None,
@@ -218,6 +261,10 @@ class TorchCopier:
         else:
             owner, start = slab
             source, pinned = owner[start : start + size], owner.is_pinned()
+            if not pinned:  # torch could not pin it: a synchronous copy
+                _count_fallback("pageable_slab_copies")
+        # A blocking copy has read its source when copy_ returns; a non-blocking one once its event completed,
+        # and only then does the slab go back to the pool.
         dst[offset : offset + size].copy_(source, non_blocking=pinned)
 
     def record(self) -> Any:
@@ -260,8 +307,15 @@ def reset_staging_peak() -> None:
 
 
 def staging_stats() -> Dict[str, int]:
-    """The slab pool's counters (bytes allocated now and at peak, slabs in use, ...)."""
-    return dict(_cpp.slab_pool_stats())
+    """The slab pool's counters (bytes allocated now and at peak, slabs in use, ...), with ``pool_allocator_ours``
+    (1 while the pool's allocator is this module's), and ``foreign_slab_copies`` / ``pageable_slab_copies``:
+    copies since the process started that ran synchronously because their slab was not the copying
+    framework's memory / was a torch slab that torch could not pin."""
+    stats = dict(_cpp.slab_pool_stats())
+    with _allocator_lock:
+        stats["pool_allocator_ours"] = int(_installed_at is not None and stats["allocator_changes"] == _installed_at)
+        stats.update(_fallbacks)
+    return stats
 
 
 __all__: List[str] = ["DeviceCopier", "DirectLoad", "TorchCopier", "fill", "host_view", "set_staging_capacity",

@@ -122,6 +122,34 @@ def _rows_of(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, bool
     return None
 
 
+def _torch_index(entry: tuple) -> Any:
+    kind, a, b, c = entry
+    return a if kind == 0 else slice(a, b, c) if kind == 1 else Ellipsis
+
+
+def _rows_with_inner(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, tuple]]:
+    """``(start, stop, index)`` when the plan's rows are one step-1 range of the first dimension (a range, one
+    integer, or an Ellipsis in front, standing for every row) and no range has a negative step (which torch
+    cannot index): the rows are one byte range, and ``index`` selects the rest from the tensor of those rows,
+    as numpy would from the whole. Else None."""
+    if not shape or plan.gather_axis is not None or plan.needs_reshape:
+        return None
+    spec = plan.reads()[0]
+    if not spec or any(entry[0] == 1 and entry[3] is not None and entry[3] < 0 for entry in spec):
+        return None
+    inner = tuple(_torch_index(entry) for entry in spec[1:])
+    first = spec[0]
+    if first[0] == 0:
+        index = first[1] + shape[0] if first[1] < 0 else first[1]
+        return (index, index + 1, (0,) + inner) if 0 <= index < shape[0] else None
+    if first[0] == 1 and first[3] in (None, 1):
+        start, stop, _ = slice(first[1], first[2]).indices(shape[0])
+        return start, max(start, stop), (slice(None),) + inner
+    if first[0] == 2:
+        return 0, shape[0], (Ellipsis,) + inner
+    return None
+
+
 def _stages(device: torch.device) -> bool:
     """True for accelerators whose torch module has streams and events (cuda, npu, xpu, PrivateUse1 ...): the
     engine's staged path. Others get a CPU read and ``.to(device)``."""
@@ -205,16 +233,30 @@ class _Torch(Framework):
 
     def load_slice(self, reader: Any, name: str, code: str, plan: Any) -> torch.Tensor:
         # Rows of the first dimension onto an accelerator are one byte range: the engine streams them to the
-        # device like a whole tensor. Any other selection is read on the CPU and moved.
+        # device like a whole tensor. A selection inside one such range of rows (rows[2:9, ::4], w[5, 1:3])
+        # streams those rows and selects on the device. Anything else is read on the CPU and moved.
         if _stages(reader.device):
-            rows = _rows_of(plan, reader.file.info(name)[1])
+            code, shape, _, _ = reader.file.info(name)
+            rows = _rows_of(plan, shape)
             if rows is not None:
                 start, stop, squeeze = rows
-                code, shape, _, _ = reader.file.info(name)
                 begin, end = _cpp.row_piece(reader.file, name, start, stop)
                 piece = (code, (stop - start,) + tuple(shape[1:]), begin, end)
                 tensor = _staged_load(reader.file, [(name, piece)], reader.device)[name]
                 return tensor[0] if squeeze else tensor
+            selection = _rows_with_inner(plan, shape)
+            if selection is not None and _torch_shape(code, shape) == tuple(shape):  # not packed (F4)
+                start, stop, index = selection
+                want = tuple(reader.file.plan_slice(name, plan.reads()[0]).shape)  # the slicer's checks first
+                begin, end = _cpp.row_piece(reader.file, name, start, stop)
+                piece = (code, (stop - start,) + tuple(shape[1:]), begin, end)
+                rows_tensor = _staged_load(reader.file, [(name, piece)], reader.device)[name]
+                tensor = rows_tensor[index]
+                if tuple(tensor.shape) == want:
+                    # Memory of its own, as a CPU read gives: not a view holding all the rows.
+                    if tensor.numel() == rows_tensor.numel() and tensor.is_contiguous():
+                        return tensor
+                    return tensor.clone(memory_format=torch.contiguous_format)
         return super().load_slice(reader, name, code, plan)
 
     def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:

@@ -144,6 +144,8 @@ nb::dict pool_stats() {
   d["allocations"] = s.allocations;
   d["frees"] = s.frees;
   d["users"] = s.users;
+  d["allocator_changes"] = s.allocator_changes;
+  d["custom_allocator"] = static_cast<std::uint64_t>(s.custom_allocator);
   return d;
 }
 
@@ -274,6 +276,8 @@ void bind_engine(nb::module_& m) {
         d["chunks"] = s.chunks;
         d["slab_wait_ns"] = s.slab_wait_ns;
         d["events_lent"] = s.events_lent;
+        d["started_ns"] = s.started_ns;
+        d["last_read_end_ns"] = s.last_read_end_ns;
         return d;
           },
           nb::sig("def stats(self) -> dict[str, int]"),

@@ -131,6 +131,9 @@ TEST_P(EngineBackendTest, WholeTensorsMatchReadIntoInBothModes) {
     EXPECT_EQ(s.bytes_read, total);
     EXPECT_EQ(delivery == Delivery::kStaged ? s.bytes_staged : s.bytes_direct, total);
     EXPECT_EQ(s.events_lent, 0u);
+    // The read phase: it started, and its last read ended after that (an order, not a duration).
+    EXPECT_GT(s.started_ns, 0u);
+    EXPECT_GE(s.last_read_end_ns, s.started_ns);
   }
   EXPECT_LE(pool.stats().peak_bytes, pool.capacity());
 }
@@ -712,6 +715,9 @@ TEST(EngineTest, SlabPoolSettingsAndIdleRelease) {
   EXPECT_ST_ERROR(pool.set_allocator({[](std::size_t) -> void* { return nullptr; }, {}}), kInvalidArgument);
   ASSERT_ST_OK(pool.set_slab_bytes(2 * 4096));
   EXPECT_EQ(pool.slab_bytes(), 2u * 4096);
+  // Who owns the allocator: a refused call changes nothing; each accepted one counts.
+  EXPECT_EQ(pool.stats().allocator_changes, 0u);
+  EXPECT_FALSE(pool.stats().custom_allocator);
   std::atomic<int> allocs{0}, frees{0};
   ASSERT_ST_OK(pool.set_allocator({[&](std::size_t n) -> void* {
                                      ++allocs;
@@ -721,6 +727,8 @@ TEST(EngineTest, SlabPoolSettingsAndIdleRelease) {
                                      ++frees;
                                      std::free(p);
                                    }}));
+  EXPECT_EQ(pool.stats().allocator_changes, 1u);
+  EXPECT_TRUE(pool.stats().custom_allocator);
   pool.set_release_when_idle(false);
   TempDir dir;
   const Model m = make_model(6, 300, 64);
@@ -743,6 +751,9 @@ TEST(EngineTest, SlabPoolSettingsAndIdleRelease) {
   EXPECT_EQ(allocs.load(), frees.load());
   pool.reset_peak();
   EXPECT_EQ(pool.stats().peak_bytes, 0u);
+  ASSERT_ST_OK(pool.set_allocator({}));  // back to the default
+  EXPECT_EQ(pool.stats().allocator_changes, 2u);
+  EXPECT_FALSE(pool.stats().custom_allocator);
 }
 
 }  // namespace

@@ -1,10 +1,16 @@
 // The libtorch adapter: every dtype torch has round-trips byte for byte, CPU loads are zero-copy views that
-// keep their mapping alive, the writer's bytes are the library's bytes, and each refusal names its tensor.
+// keep their mapping alive, the writer's bytes are the library's bytes, each refusal names its tensor, and the
+// engine path (what device loads run, here onto the CPU) gives the plain load's bytes with bounded staging.
 #include "safetensors/libtorch.h"
 
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 
 #include "test_util.h"
 
@@ -234,6 +240,175 @@ TEST(LibtorchTest, RefusalsNameTheTensor) {
   EXPECT_ST_ERROR(libtorch::load(dir.file("missing.safetensors")), kNotFound);
   EXPECT_EQ(libtorch::from_torch_dtype(torch::kComplexHalf), std::nullopt);
   EXPECT_EQ(libtorch::from_torch_dtype(torch::kFloat4_e2m1fn_x2), Dtype::kF4);
+}
+
+// A slab allocator that counts what it has handed out, so a test sees staging memory from the allocator's side.
+struct CountingAllocator {
+  struct Counts {
+    std::mutex mu;
+    std::uint64_t live = 0;
+    std::uint64_t max_live = 0;
+    std::uint64_t allocations = 0;
+  };
+  std::shared_ptr<Counts> counts = std::make_shared<Counts>();
+
+  SlabAllocator allocator() const {
+    return {
+        [c = counts](std::size_t size) -> void* {
+          void* p = std::aligned_alloc(SlabPool::kPageBytes, size);
+          if (p == nullptr) return nullptr;
+          std::lock_guard<std::mutex> lock(c->mu);
+          c->live += size;
+          c->max_live = std::max(c->max_live, c->live);
+          c->allocations += 1;
+          return p;
+        },
+        [c = counts](void* p, std::size_t size) {
+          std::free(p);
+          std::lock_guard<std::mutex> lock(c->mu);
+          c->live -= size;
+        },
+    };
+  }
+};
+
+void expect_same_tensors(const libtorch::TensorMap& got, const libtorch::TensorMap& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const torch::Tensor& g = got.at(name);
+    EXPECT_TRUE(g.device().is_cpu()) << name;
+    EXPECT_EQ(g.scalar_type(), w.scalar_type()) << name;
+    EXPECT_EQ(g.sizes(), w.sizes()) << name;
+    EXPECT_TRUE(g.is_contiguous()) << name;
+    EXPECT_TRUE(same(bytes_of(g), bytes_of(w))) << name;
+  }
+}
+
+// The engine path (stage_cpu: what a device load runs, with the CPU as the device) against the plain load.
+TEST(LibtorchEngineTest, EveryDtypeStagedOntoTheCpuEqualsThePlainLoad) {
+  TempDir dir;
+  Fixture fx;
+  const std::string path = dir.file("all.safetensors");
+  ASSERT_ST_OK(libtorch::save(path, fx.tensors));
+  for (Backend backend : {Backend::kMmap, Backend::kPread}) {
+    auto plain = libtorch::load(path, torch::kCPU, backend);
+    ASSERT_ST_OK(plain);
+    // Slabs of one page, so tensors share slabs and chunks; three readers land them out of order.
+    SlabPool pool(2 * SlabPool::kPageBytes, SlabPool::kPageBytes);
+    const libtorch::LoadOptions staged{.threads = 3, .pool = &pool, .stage_cpu = true};
+    auto via_engine = libtorch::load(path, torch::kCPU, backend, staged);
+    ASSERT_ST_OK(via_engine);
+    expect_same_tensors(*via_engine, *plain);
+    EXPECT_GT(pool.stats().allocations, 0u);  // it did stage
+    auto file = File::open(path, {.backend = backend});
+    ASSERT_ST_OK(file);
+    for (const TensorInfo& t : file->tensors()) {
+      auto one = libtorch::load_tensor(*file, t, torch::kCPU, staged);
+      ASSERT_ST_OK(one);
+      EXPECT_TRUE(same(bytes_of(*one), bytes_of(plain->at(std::string(t.name))))) << t.name;
+    }
+  }
+
+  // Sharded: one prefetch per shard, scalars and empty tensors included.
+  const torch::Tensor a = torch::arange(3000, torch::kInt32).reshape({30, 100});
+  const torch::Tensor b = torch::arange(7, torch::kFloat64);
+  const torch::Tensor empty = torch::empty({0, 3}, torch::kFloat16);
+  const torch::Tensor scalar = torch::tensor(7, torch::kInt64);
+  const std::vector<TensorData> parts = {
+      {"a", Dtype::kI32, {30, 100}, bytes_of(a)},
+      {"b", Dtype::kF64, {7}, bytes_of(b)},
+      {"empty", Dtype::kF16, {0, 3}, bytes_of(empty)},
+      {"scalar", Dtype::kI64, {}, bytes_of(scalar)},
+  };
+  ASSERT_ST_OK(save_sharded(dir.path().string(), parts, {.max_shard_bytes = 4096}));
+  auto sharded = ShardedFile::open_index(dir.file("model.safetensors.index.json"));
+  ASSERT_ST_OK(sharded);
+  ASSERT_GE(sharded->shards().size(), 2u);
+  auto plain = libtorch::load(*sharded);
+  ASSERT_ST_OK(plain);
+  auto via_engine = libtorch::load(*sharded, torch::kCPU, {.threads = 2, .stage_cpu = true});
+  ASSERT_ST_OK(via_engine);
+  expect_same_tensors(*via_engine, *plain);
+  EXPECT_EQ(via_engine->at("scalar").item<std::int64_t>(), 7);
+}
+
+// Host staging stays within the pool's capacity for a model many times its size, and is returned after.
+TEST(LibtorchEngineTest, StagingMemoryIsBoundedByThePool) {
+  TempDir dir;
+  libtorch::TensorMap model;
+  torch::manual_seed(0);
+  for (int i = 0; i < 48; ++i) {
+    model["w" + std::to_string(i)] = torch::randn({64, 64 + i});  // 16 KiB and up, not page multiples
+  }
+  const std::string path = dir.file("m.safetensors");
+  ASSERT_ST_OK(libtorch::save(path, model));
+  auto file = File::open(path);
+  ASSERT_ST_OK(file);
+  const std::uint64_t data_bytes = file->size() - file->data_offset();
+
+  constexpr std::uint64_t kCap = 4 * SlabPool::kPageBytes;
+  ASSERT_GT(data_bytes, 50 * kCap);
+  CountingAllocator counting;
+  SlabPool pool(kCap, SlabPool::kPageBytes);
+  ASSERT_ST_OK(pool.set_allocator(counting.allocator()));
+  auto loaded = libtorch::load(*file, torch::kCPU, {.threads = 4, .pool = &pool, .stage_cpu = true});
+  ASSERT_ST_OK(loaded);
+  auto plain = libtorch::load(path, torch::kCPU, Backend::kPread);
+  ASSERT_ST_OK(plain);
+  expect_same_tensors(*loaded, *plain);
+
+  // Every byte went through the pool's slabs, reusing them: never more than the cap at once.
+  EXPECT_GE(counting.counts->allocations, 1u);
+  EXPECT_LE(counting.counts->max_live, kCap);
+  EXPECT_LE(pool.stats().peak_bytes, kCap);
+  EXPECT_EQ(counting.counts->live, 0u);  // returned once the load ended
+  EXPECT_EQ(pool.stats().slabs_in_use, 0u);
+}
+
+// A file that shrank after open: a kIo error naming the file and a tensor, every slab back in the pool.
+TEST(LibtorchEngineTest, TruncatedFileNamesTheFileAndTheTensor) {
+  for (Backend backend : {Backend::kMmap, Backend::kPread}) {
+    TempDir dir;
+    libtorch::TensorMap model;
+    for (int i = 0; i < 16; ++i) model["layer." + std::to_string(i)] = torch::full({32, 64}, i, torch::kFloat32);
+    const std::string path = dir.file("t.safetensors");
+    ASSERT_ST_OK(libtorch::save(path, model));
+    auto file = File::open(path, {.backend = backend});
+    ASSERT_ST_OK(file);
+    const TensorInfo& last = file->tensors().back();
+    ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(file->data_offset() + last.begin + 8)), 0);
+
+    SlabPool pool(4 * SlabPool::kPageBytes, SlabPool::kPageBytes);
+    auto loaded = libtorch::load(*file, torch::kCPU, {.threads = 2, .pool = &pool, .stage_cpu = true});
+    ASSERT_FALSE(loaded.ok());
+    const Error& e = loaded.error();
+    EXPECT_EQ(e.kind(), Error::Kind::kIo) << e.to_string();
+    EXPECT_EQ(e.context(), path);
+    // The tensor that starts the failed read (an adjacent one may share it).
+    EXPECT_NE(file->find(e.tensor()), nullptr) << e.to_string();
+    EXPECT_NE(e.to_string().find(path), std::string::npos) << e.to_string();
+    EXPECT_NE(e.to_string().find("`" + std::string(e.tensor()) + "`"), std::string::npos) << e.to_string();
+    EXPECT_EQ(pool.stats().allocated_bytes, 0u);
+
+    auto one = libtorch::load_tensor(*file, last, torch::kCPU, {.pool = &pool, .stage_cpu = true});
+    EXPECT_ST_ERROR(one, kIo);
+  }
+}
+
+// A CPU-only torch has no page-locked allocator; a device load there fails cleanly, naming the tensor.
+TEST(LibtorchEngineTest, WithoutAnAcceleratorThereIsNoPinnedAllocator) {
+  EXPECT_EQ(libtorch::pinned_slab_allocator(torch::kCPU).has_value(), false);
+  EXPECT_EQ(libtorch::pinned_slab_allocator(torch::kMeta).has_value(), false);
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this torch has CUDA";
+  EXPECT_EQ(libtorch::pinned_slab_allocator(torch::kCUDA).has_value(), false);
+  TempDir dir;
+  const std::string path = dir.file("c.safetensors");
+  ASSERT_ST_OK(libtorch::save(path, {{"w", torch::ones({4})}}));
+  auto on_cuda = libtorch::load(path, torch::Device(torch::kCUDA, 0));
+  EXPECT_ST_ERROR(on_cuda, kInvalidArgument);
+  EXPECT_NE(on_cuda.error().to_string().find("cannot move tensor `w` to cuda:0"), std::string::npos)
+      << on_cuda.error().to_string();
 }
 
 }  // namespace

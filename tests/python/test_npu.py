@@ -233,6 +233,54 @@ def test_row_slices_onto_the_npu_stream_through_the_engine(tmp_path, backend):
     assert not npu_sim.fallback_ops()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_selections_within_rows_stream_the_rows_and_select_on_the_npu(tmp_path, backend):
+    """A selection whose rows are one step-1 range of the first dimension (or all of it, behind an Ellipsis)
+    streams those rows' bytes through the engine and selects the rest on the device: equal to the CPU result,
+    and only the rows' bytes cross. Negative steps (torch cannot index them) and strided rows are read on the
+    CPU and moved."""
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(40, 24, 6, generator=g)
+    m = torch.arange(60 * 50, dtype=torch.int32).reshape(60, 50)
+    path = tmp_path / "strided.safetensors"
+    save_file({"w": w, "m": m}, path)
+    row_bytes = {"w": 24 * 6 * 4, "m": 50 * 4}
+    cases = [  # (tensor, index, rows streamed)
+        ("m", (slice(10, 20), 3), 10),
+        ("m", (slice(10, 20), slice(None, None, 3)), 10),
+        ("m", (-5, slice(7, 40, 7)), 1),
+        ("m", (Ellipsis, 3), 60),
+        ("m", (slice(50, 100), slice(1, 2)), 10),
+        ("w", (slice(3, 9), Ellipsis, slice(1, 5)), 6),
+        ("w", (slice(2, 4), 1, slice(None, None, 2)), 2),
+        ("w", (7, slice(20, 2, 1), 0), 1),  # an empty inner range
+        ("w", (slice(30, 31), slice(None), slice(None)), 1),
+    ]
+    with safe_open(path, "pt", backend=backend) as cpu, safe_open(path, "pt", device="npu:1", backend=backend) as f:
+        for name, index, rows in cases:
+            want = cpu.get_slice(name)[index]
+            npu_sim.reset_copy_stats()
+            got = f.get_slice(name)[index]
+            stats = npu_sim.copy_stats()
+            assert got.device == torch.device("npu", 1) and npu_sim.device_of(got) in (1, None), index
+            assert got.shape == want.shape and got.dtype == want.dtype, index
+            assert torch.equal(got.cpu(), want), index
+            assert got.is_contiguous(), index
+            assert stats["h2d"]["bytes"] == rows * row_bytes[name] and stats["non_blocking"] >= 1, index
+        for name, index in [("m", (slice(10, 20), slice(None, None, -2))), ("m", (slice(None, None, 2), 3))]:
+            npu_sim.reset_copy_stats()
+            got = f.get_slice(name)[index]
+            assert torch.equal(got.cpu(), cpu.get_slice(name)[index]), index
+            assert npu_sim.copy_stats()["non_blocking"] == 0, index  # read on the CPU, then moved
+        with pytest.raises(SafetensorError) as on_cpu:  # the slicer's checks, before anything is streamed
+            cpu.get_slice("m")[3:5, 50]
+        npu_sim.reset_copy_stats()
+        with pytest.raises(SafetensorError) as on_npu:
+            f.get_slice("m")[3:5, 50]
+        assert str(on_npu.value) == str(on_cpu.value) and npu_sim.copy_stats()["h2d"]["count"] == 0
+    assert not npu_sim.fallback_ops()
+
+
 def test_default_device_context_is_ignored(tmp_path):
     save_file({"w": torch.arange(3)}, tmp_path / "w.safetensors")
     with torch.device("npu:1"):

@@ -132,6 +132,30 @@ def test_a_paused_queue_runs_nothing_until_resumed():
     assert raw(on_device) == raw(source)
 
 
+def test_the_copy_timeline_records_each_queued_copy_in_order():
+    source = pinned_range(4096)
+    npu_sim.record_copy_timeline()
+    try:
+        with npu_sim.queue_paused(1):
+            first = source.to("npu:1", non_blocking=True)
+            second = source[:100].to("npu:1", non_blocking=True)
+            blocking = source.to("npu:0")  # not queued: not on the timeline
+        npu_sim.synchronize()
+        timeline = npu_sim.copy_timeline()
+    finally:
+        npu_sim.record_copy_timeline(False)
+    assert [(c["device"], c["bytes"]) for c in timeline] == [(1, 4096), (1, 100)]
+    assert all(c["issued"] <= c["started"] <= c["finished"] for c in timeline)
+    assert timeline[0]["finished"] <= timeline[1]["started"]  # one stream: one copy after the other
+    assert raw(first) == raw(source) and raw(second) == raw(source[:100]) and raw(blocking) == raw(source)
+    source.to("npu:0", non_blocking=True)
+    npu_sim.synchronize()
+    assert len(npu_sim.copy_timeline()) == 2  # recording is off
+    npu_sim.record_copy_timeline()  # turning it on forgets what was recorded
+    npu_sim.record_copy_timeline(False)
+    assert npu_sim.copy_timeline() == []
+
+
 def test_overwriting_the_pinned_source_before_the_copy_ran_lands_the_new_bytes():
     source = pinned_range(4096)
     old = raw(source)
@@ -420,3 +444,69 @@ def test_with_the_event_wait_the_loader_waits_for_the_device_before_refilling(tm
     torch.npu.synchronize(0)
     loaded = st.load_file(path, device="npu:0")  # the pool is in a usable state after the failed load
     assert raw(loaded["t0"]) == raw(state["t0"])
+
+
+# ---- who owns the slab pool's allocator ----
+
+@pytest.fixture
+def foreign_allocator():
+    """Another caller's slab allocator on the process-wide pool: page-locked memory of the simulator's, kept by
+    address, counting its calls. Restores the default allocator afterwards."""
+    from safetensors import _engine
+
+    live, calls = {}, {"alloc": 0, "free": 0}
+
+    def alloc(size):
+        buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        live[buf.data_ptr()] = buf
+        calls["alloc"] += 1
+        return buf.data_ptr()
+
+    def free(address, size):
+        live.pop(address)
+        calls["free"] += 1
+
+    _engine._cpp.slab_pool_set_allocator(alloc, free)
+    yield calls
+    _engine._cpp.slab_pool_set_allocator()
+
+
+def test_a_load_leaves_another_callers_allocator_in_place_and_copies_synchronously(tmp_path, foreign_allocator,
+                                                                                  caplog):
+    import logging
+
+    import safetensors.torch as st
+    from safetensors import _engine
+
+    path, state = save_big(tmp_path, [9, 0.25, 3])
+    nbytes = sum(t.numel() for t in state.values())
+    before = _engine.staging_stats()
+    with caplog.at_level(logging.DEBUG, logger="safetensors"):
+        with npu_sim.copy_delay(20_000):  # a slab recycled under a pending copy would land wrong bytes
+            loaded = st.load_file(path, device="npu:0")
+    assert all(raw(loaded[k]) == raw(v) for k, v in state.items())
+    stats = _engine.staging_stats()
+    # The other caller's allocator made the slabs and is still the pool's: the load did not replace it.
+    assert foreign_allocator["alloc"] > 0
+    assert stats["custom_allocator"] == 1 and stats["allocator_changes"] == before["allocator_changes"]
+    assert stats["pool_allocator_ours"] == 0
+    # Its memory is not ours to trust: every copy ran synchronously, none through the device queue.
+    copies = npu_sim.copy_stats()
+    assert copies["h2d"]["bytes"] == nbytes and copies["async"]["count"] == 0 and copies["non_blocking"] == 0
+    assert stats["foreign_slab_copies"] - before["foreign_slab_copies"] == copies["h2d"]["count"]
+    assert any("not safetensors'" in r.getMessage() for r in caplog.records)
+    assert any("another allocator's slabs" in r.getMessage() for r in caplog.records)
+
+
+def test_once_the_default_allocator_is_back_a_load_installs_ours_again(tmp_path):
+    import safetensors.torch as st
+    from safetensors import _engine
+
+    _engine._cpp.slab_pool_set_allocator()  # whatever was there: the default
+    path, state = save_big(tmp_path, [9])
+    loaded = st.load_file(path, device="npu:0")
+    assert raw(loaded["t0"]) == raw(state["t0"])
+    stats = _engine.staging_stats()
+    assert stats["pool_allocator_ours"] == 1 and stats["custom_allocator"] == 1
+    copies = npu_sim.copy_stats()
+    assert copies["async"]["bytes"] == copies["h2d"]["bytes"] == 9 * MiB  # pinned slabs, queued copies

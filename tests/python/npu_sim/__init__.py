@@ -13,6 +13,7 @@ Copies are asynchronous where a real device's are: ``x.to("npu:N", non_blocking=
 pinned host memory is queued on device N's one stream and runs later, on a worker thread, after a delay
 (``set_copy_delay_us``, env NPU_SIM_COPY_DELAY_US, default 2000 us per copy), reading the pinned bytes only
 then -- so overwriting a pinned buffer before the device copied out of it puts the new bytes on the device.
+``record_copy_timeline``/``copy_timeline`` time each queued copy (for benchmarks of overlap).
 Everything else that touches a device's memory waits for its queue first (single-stream order), and
 ``torch.npu.synchronize``, streams and events wait on and report the queue. ``pause_queue``/``resume_queue``
 hold a device's queue so tests can decide deterministically what has run; waiting on a paused queue raises
@@ -48,7 +49,7 @@ __all__ = [
     "device_of", "bytes_allocated", "memory_stats", "pinned_bytes_allocated",
     "copy_stats", "fallback_ops", "reset_copy_stats",
     "synchronize", "set_copy_delay_us", "copy_delay_us", "copy_delay", "set_async_copies", "async_copies",
-    "pause_queue", "resume_queue", "queue_paused", "queue_depth",
+    "pause_queue", "resume_queue", "queue_paused", "queue_depth", "record_copy_timeline", "copy_timeline",
     "may_install_here", "run_pytest_child", "IN_PROCESS_ENV", "POISON_BYTE", "BUILD_DIR", "build_seconds",
 ]
 
@@ -296,6 +297,24 @@ def queue_depth(index: int) -> int:
     """Copies queued on device ``index`` that have not finished (the running one included)."""
     _require()
     return int(torch.ops.npu_sim.queue_depth(_queue_index(index)))
+
+
+def record_copy_timeline(enabled: bool = True) -> None:
+    """Starts (forgetting what was recorded before) or stops recording when each asynchronous copy ran: see
+    ``copy_timeline``. Off by default."""
+    _require()
+    torch.ops.npu_sim.set_copy_timeline(bool(enabled))
+
+
+def copy_timeline() -> list:
+    """The asynchronous copies that ran while recording was on, in the order they finished: dicts with
+    ``device``, ``bytes``, and ``issued``, ``started`` and ``finished`` in nanoseconds of ``time.monotonic_ns()``'s
+    clock -- issued when the code queued the copy, started when the device's queue took it up (the simulated
+    transfer, its delay included, runs from there), finished when its bytes were on the device."""
+    _require()
+    flat = [int(v) for v in torch.ops.npu_sim.copy_timeline()]
+    keys = ("device", "bytes", "issued", "started", "finished")
+    return [dict(zip(keys, flat[i : i + 5])) for i in range(0, len(flat), 5)]
 
 
 def supports_pinned_memory() -> bool:

@@ -201,6 +201,18 @@ std::atomic<int64_t> g_async_bytes{0};       // bytes they wrote
 std::atomic<int64_t> g_max_queue_depth{0};   // most copies pending on one queue at once (the one running included)
 thread_local bool t_is_worker = false;
 
+// The copy timeline, for benchmarks: per queued copy that ran, [device, bytes, issued_ns, started_ns,
+// finished_ns] on std::chrono::steady_clock (CLOCK_MONOTONIC, Python's time.monotonic_ns). started is when the
+// queue took the copy up (its delay, the simulated transfer, runs from there), finished when its bytes landed.
+std::atomic<bool> g_timeline_enabled{false};
+std::mutex g_timeline_mu;
+std::vector<int64_t> g_timeline;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // A CPU tensor over the bytes of `t` (no copy, no ownership) with its sizes, strides, conj and neg bits.
 at::Tensor alias_of(const at::Tensor& t, at::ScalarType dtype) {
   at::Tensor alias = at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
@@ -219,6 +231,7 @@ struct CopyJob {
   at::Tensor src;  // alias of the pinned host bytes
   int64_t bytes = 0;
   int64_t seq = 0;
+  int64_t issued_ns = 0;
 };
 
 void run_copy(const CopyJob& job) {
@@ -249,6 +262,7 @@ class CopyQueue {
         started_ = true;
       }
       seq = job.seq = ++enqueued_;
+      job.issued_ns = now_ns();
       jobs_.push_back(std::move(job));
       const int64_t depth = enqueued_ - completed_;
       int64_t seen = g_max_queue_depth.load();
@@ -326,6 +340,7 @@ class CopyQueue {
       CopyJob job = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
+      const int64_t started_ns = now_ns();
       const int64_t delay = g_copy_delay_us.load();
       if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
       std::string error;
@@ -335,6 +350,11 @@ class CopyQueue {
         g_async_bytes += job.bytes;
       } catch (const std::exception& e) {
         error = e.what();
+      }
+      if (error.empty() && g_timeline_enabled.load()) {
+        const int64_t finished_ns = now_ns();
+        std::lock_guard<std::mutex> timeline_lock(g_timeline_mu);
+        g_timeline.insert(g_timeline.end(), {index_, job.bytes, job.issued_ns, started_ns, finished_ns});
       }
       job.dst = at::Tensor();  // the aliases own nothing
       job.src = at::Tensor();
@@ -922,6 +942,18 @@ int64_t queue_depth(int64_t index) {
   return queue(static_cast<int>(index)).pending();
 }
 
+// Starts (clearing what was recorded) or stops recording the copy timeline.
+void set_copy_timeline(bool enabled) {
+  std::lock_guard<std::mutex> lock(g_timeline_mu);
+  if (enabled) g_timeline.clear();
+  g_timeline_enabled = enabled;
+}
+
+std::vector<int64_t> copy_timeline() {
+  std::lock_guard<std::mutex> lock(g_timeline_mu);
+  return g_timeline;
+}
+
 TORCH_LIBRARY(npu_sim, m) {
   m.def("configure(int num_devices, bool protect_device_memory) -> ()", configure);
   m.def("device_count() -> int", device_count);
@@ -940,6 +972,8 @@ TORCH_LIBRARY(npu_sim, m) {
   m.def("pause_queue(int index) -> ()", pause_queue);
   m.def("resume_queue(int index) -> ()", resume_queue);
   m.def("queue_depth(int index) -> int", queue_depth);
+  m.def("set_copy_timeline(bool enabled) -> ()", set_copy_timeline);
+  m.def("copy_timeline() -> int[]", copy_timeline);
 }
 
 }  // namespace
