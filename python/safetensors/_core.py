@@ -15,8 +15,10 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
+from . import _strategies
 from ._prefetch import PrefetchLoader, TensorStream
-from ._slicing import IndexPlan, parse_index
+from ._slicing import parse_index
+from ._strategies import _Reader
 
 __all__ = [
     "SafetensorError",
@@ -68,8 +70,6 @@ _FRAMEWORK_MODULES = {
     "paddle": "paddle",
 }
 
-_BACKENDS = ("mmap", "pread")
-
 
 def _fspath(filename: Any) -> str:
     path = os.fspath(filename)
@@ -98,11 +98,23 @@ def framework_adapter(framework: str) -> "Framework":
 
 
 class Framework:
-    """How one framework builds and unpacks tensors. Subclasses implement the primitives below; the loading
-    strategies (zero-copy views, parallel reads, slices) are shared."""
+    """How one framework builds and unpacks tensors: the primitives below. Which of them a load uses -- the
+    loading strategy (zero-copy view, owned read, parallel read, staged to a device, meta) -- is chosen in
+    one place, ``_strategies.py``, for every framework."""
 
     #: Name used in messages, as the reference spells it.
     name = "framework"
+    #: Builds from DLPack capsules (from_dlpack, reinterpret, bytes_dtype) rather than from memoryviews (view).
+    dlpack = False
+    #: The dtype of a tensor exported as its bytes (a DLPack adapter's uint8).
+    bytes_dtype: Any = None
+    #: Whether to_device must run on CPU tensors too: set for adapters that build from memoryviews and whose
+    #: to_device turns the host arrays into their own tensors (flax, tensorflow, mlx, paddle).
+    wraps = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.wraps = not cls.dlpack and cls.to_device is not Framework.to_device
 
     # -- devices -------------------------------------------------------------------------------------
     def resolve_device(self, device: Any) -> Any:
@@ -123,9 +135,32 @@ class Framework:
     def is_meta(self, device: Any) -> bool:
         return False
 
+    def stages(self, device: Any) -> bool:
+        """True where loads onto ``device`` go through ``stage`` (the loading engine)."""
+        return False
+
+    #: Whether slices selecting whole rows of the first dimension go through ``stage`` too.
+    stages_rows = False
+
+    def selects(self, code: str, shape: Tuple[int, ...]) -> bool:
+        """Whether a selection inside staged rows of this tensor can be made on the device (``select``)."""
+        return False
+
+    def select(self, rows: Any, index: tuple) -> Any:
+        """``rows[index]`` on the device, in memory of its own (where ``selects``)."""
+        raise NotImplementedError
+
     # -- primitives ------------------------------------------------------------------------------------
     def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> Any:
         """A CPU tensor over ``buffer`` without copying (it keeps the buffer alive)."""
+        raise NotImplementedError
+
+    def from_dlpack(self, capsule: Any) -> Any:
+        """A CPU tensor over a DLPack capsule (dlpack adapters)."""
+        raise NotImplementedError
+
+    def reinterpret(self, tensor: Any, code: str, shape: Tuple[int, ...]) -> Any:
+        """A tensor exported as its bytes (``bytes_dtype``, 1-d) as the tensor of ``code`` and ``shape``."""
         raise NotImplementedError
 
     def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[Any, int]:
@@ -142,6 +177,11 @@ class Framework:
     def to_device(self, tensor: Any, device: Any) -> Any:
         return tensor
 
+    def stage(self, file: "_cpp.File", infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]],
+              device: Any) -> Dict[str, Any]:
+        """Every tensor of ``infos`` allocated on ``device`` and filled there (where ``stages(device)``)."""
+        raise NotImplementedError
+
     def reshape(self, tensor: Any, shape: Tuple[int, ...]) -> Any:
         return tensor.reshape(shape)
 
@@ -154,95 +194,10 @@ class Framework:
 
         return rust_indexer_error(index, shape)
 
-    # -- loading strategies ------------------------------------------------------------------------------
-    def get_tensor(self, reader: "_Reader", name: str) -> Any:
-        """``safe_open.get_tensor``: one tensor, looked up by name."""
-        return self.load_one(reader, name, reader.file.info(name))
-
-    def get_all(self, reader: "_Reader") -> Dict[str, Any]:
-        """``safe_open.get_tensors``: every tensor, in file order."""
-        return self.load_all(reader, reader.file.infos())
-
-    def load_one(self, reader: "_Reader", name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> Any:
-        code, shape, begin, end = info
-        if self.is_meta(reader.device):
-            return self.meta(code, shape, reader.device)
-        mv = reader.memoryview()
-        if mv is not None and reader.zero_copy:
-            tensor = self.view(mv[begin:end], code, shape)
-        else:
-            tensor, ptr = self.empty(code, shape)
-            if end > begin:
-                reader.file.read_into(name, ptr, end - begin, fresh=True)
-            tensor = self.finish(tensor, code, shape)
-        return self.to_device(tensor, reader.device)
-
-    def load_all(self, reader: "_Reader", infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Dict[str, Any]:
-        if self.is_meta(reader.device) or (reader.zero_copy and reader.memoryview() is not None):
-            return {name: self.load_one(reader, name, info) for name, info in infos}
-        # Materialized: allocate every destination, then one parallel read with the GIL released.
-        out: Dict[str, Any] = {}
-        requests = []
-        for name, (code, shape, begin, end) in infos:
-            tensor, ptr = self.empty(code, shape)
-            out[name] = tensor
-            if end > begin:
-                requests.append((name, ptr, end - begin))
-        if requests:
-            reader.file.read_many(requests, fresh=True)
-        return {
-            name: self.to_device(self.finish(out[name], code, shape), reader.device)
-            for name, (code, shape, _, _) in infos
-        }
-
     def load_copies(self, file: "_cpp.File", device: Any = "cpu") -> Dict[str, Any]:
         """Every tensor of ``file`` copied into memory of its own, on ``device`` (for ``load(bytes)``)."""
         with gc_paused():
-            return self.get_all(_Reader(file, self, self.resolve_device(device), zero_copy=False))
-
-    def load_slice(self, reader: "_Reader", name: str, code: str, plan: IndexPlan) -> Any:
-        reads = plan.reads()
-        if self.is_meta(reader.device):
-            shape = plan.meta_shape(reader.file.plan_slice(name, reads[0]).shape)
-            return self.meta(code, shape, reader.device)
-        parts = []
-        for spec in reads:
-            native = reader.file.plan_slice(name, spec)
-            tensor, ptr = self.empty(code, native.shape)
-            if native.nbytes:
-                reader.file.read_slice(name, native, ptr)
-            parts.append(self.finish(tensor, code, native.shape))
-        tensor = parts[0] if plan.gather_axis is None else self.stack(parts, plan.gather_axis)
-        if plan.needs_reshape:
-            tensor = self.reshape(tensor, plan.result_shape(tuple(tensor.shape)))
-        return self.to_device(tensor, reader.device)
-
-
-class _Reader:
-    """What tensors and slice objects need from an open file: it outlives the safe_open that made it."""
-
-    __slots__ = ("file", "adapter", "device", "zero_copy", "_mv", "_keys")
-
-    def __init__(self, file: "_cpp.File", adapter: Framework, device: Any, zero_copy: bool) -> None:
-        self.file = file
-        self.adapter = adapter
-        self.device = device
-        self.zero_copy = zero_copy
-        self._mv: Optional[memoryview] = None
-        self._keys: Optional[List[str]] = None
-
-    def keys(self) -> List[str]:
-        if self._keys is None:
-            self._keys = self.file.keys()
-        return list(self._keys)  # callers may mutate what they get
-
-    def memoryview(self) -> Optional[memoryview]:
-        if self._mv is None:
-            buf = self.file.buffer()
-            if buf is None:
-                return None
-            self._mv = memoryview(buf)
-        return self._mv
+            return _strategies.load_copies(self, file, self.resolve_device(device))
 
 
 class safe_open:
@@ -261,12 +216,8 @@ class safe_open:
     def __init__(self, filename: PathLike, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> None:
         adapter = framework_adapter(framework)
         resolved = adapter.resolve_device(device)
-        if backend not in _BACKENDS:
-            raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
-        file = _cpp.File(_fspath(filename), backend)
-        # Zero-copy views only make sense for CPU tensors; accelerators get materialized reads.
-        zero_copy = backend == "mmap" and adapter.is_cpu(resolved)
-        self._reader: Optional[_Reader] = _Reader(file, adapter, resolved, zero_copy)
+        file = _cpp.File(_fspath(filename), backend)  # which also refuses a backend that is not mmap or pread
+        self._reader: Optional[_Reader] = _Reader(file, adapter, resolved, backend)
 
     def _open(self) -> _Reader:
         if self._reader is None:
@@ -293,14 +244,16 @@ class safe_open:
 
     def get_tensor(self, name: str) -> Any:
         """The whole tensor ``name``, in the framework and on the device this file was opened for."""
-        reader = self._open()
-        return reader.adapter.get_tensor(reader, name)
+        reader = self._reader
+        if reader is None:
+            raise SafetensorError("File is closed")
+        return reader.one(reader, name)  # the strategy's (_strategies.py), inlined: the per-tensor path
 
     def get_tensors(self) -> Dict[str, Any]:
         """Every tensor, keyed by name, in file order."""
         reader = self._open()
         with gc_paused():
-            return reader.adapter.get_all(reader)
+            return _strategies.get_tensors(reader)
 
     def get_slice(self, name: str) -> "PySafeSlice":
         """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
@@ -401,7 +354,7 @@ class PySafeSlice:
         code, shape, _, _ = reader.file.info(self._name)
         try:
             plan = parse_index(index, len(shape))
-            return reader.adapter.load_slice(reader, self._name, code, plan)
+            return _strategies.get_slice(reader, self._name, code, plan)
         except SafetensorSliceError as e:
             # Refused: where the reference refuses the same index too, its exact words.
             text = reader.adapter.reference_slice_error(reader, index, code, shape)

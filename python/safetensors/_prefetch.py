@@ -89,7 +89,7 @@ def _rows(file: Any, name: str, code: str, shape: Tuple[int, ...], begin: int, e
         )
     # The rows are one contiguous run of bytes; the native planner checks that a packed (sub-byte) type's
     # rows fall on byte boundaries.
-    file.plan_slice(name, [(1, start, stop, None)])
+    file.plan_slice(name, [slice(start, stop)])
     row_bits = bits
     for d in shape[1:]:
         row_bits *= d

@@ -1,6 +1,7 @@
 """Native core of the safetensors package (C++ library binding)."""
 
 from collections.abc import Callable, Sequence
+import types
 
 from safetensors import (
     SafetensorError as SafetensorError,
@@ -8,17 +9,6 @@ from safetensors import (
     SafetensorSliceError as SafetensorSliceError
 )
 
-
-class Buffer:
-    """
-    Buffer-protocol view of file or memory bytes; keeps them alive while referenced.
-    """
-
-    @property
-    def nbytes(self) -> int: ...
-
-    @property
-    def writable(self) -> bool: ...
 
 class SlicePlan:
     """A planned index expression over one tensor."""
@@ -82,37 +72,33 @@ class File:
     def dtype(self, name: str) -> str:
         """A tensor's dtype code, e.g. "F32"."""
 
+    def dtypes(self) -> list[str]:
+        """The dtype codes the file's tensors use, each once, in rank order."""
+
     def infos(self) -> list[tuple[str, tuple[str, tuple[int, ...], int, int]]]:
         """[(name, (dtype code, shape, begin, end))] in file order."""
 
-    def buffer(self) -> Buffer | None:
+    def buffer(self) -> memoryview | None:
         """
-        The data buffer (everything after the header) as a Buffer, or None on the pread backend.
-        """
-
-    def dlpack(self, name: str) -> object | None:
-        """
-        A DLPack capsule viewing a tensor in the writable mapping (zero-copy, keeps it alive), or None (pread backend, read-only mapping, or a dtype DLPack cannot describe).
+        The data buffer (everything after the header) as a memoryview that keeps the mapping alive, or None on the pread backend. Writable where the mapping is (a private copy-on-write mapping).
         """
 
-    def dlpack_all(self) -> list[tuple[str, object | None]]:
+    def view(self, name: str) -> object | None:
         """
-        [(name, DLPack capsule or None)] for every tensor, in file order (see dlpack).
-        """
-
-    def read_owned_all(self, threads: int = 0) -> list[tuple[str, object | None]]:
-        """
-        [(name, DLPack capsule or None)] for every tensor in file order: each read into new memory the capsule owns (None for dtypes DLPack cannot describe). Reads in parallel with the GIL released.
+        A tensor in the file's writable mapping, zero-copy, as a DLPack capsule that keeps the mapping alive (typed as the tensor where DLPack has its dtype, else its bytes as uint8), or None (pread backend, read-only mapping).
         """
 
-    def read_owned(self, name: str) -> object | None:
+    def view_all(self) -> list[tuple[str, object | None]]:
+        """[(name, view(name))] for every tensor, in file order."""
+
+    def read(self, name: str, dlpack: bool = True) -> object:
         """
-        A tensor read into new memory of its own, as a DLPack capsule that frees it, or None (a dtype DLPack cannot describe). Releases the GIL while reading.
+        A tensor read into new memory of its own, a bytearray (GIL released): exported as a DLPack capsule (typed as in view), or with dlpack=False the bytearray itself.
         """
 
-    def read_bytes(self, name: str) -> bytearray:
+    def read_all(self, names: list[str] | None = None, threads: int = 0, dlpack: bool = True) -> list[tuple[str, object]]:
         """
-        A tensor's bytes, read into a new bytearray. Releases the GIL while reading.
+        [(name, read(name, dlpack))] for the tensors named (every tensor in file order when None), read in parallel with the GIL released.
         """
 
     def read_into(self, name: str, ptr: int, nbytes: int, fresh: bool = False) -> None:
@@ -130,7 +116,10 @@ class File:
         Reads data-buffer bytes [offset, offset + nbytes) to the address ptr, with a pool of threads. Releases the GIL.
         """
 
-    def plan_slice(self, name: str, spec: Sequence[tuple[int, int | None, int | None, int | None]]) -> SlicePlan: ...
+    def plan_slice(self, name: str, spec: Sequence[int | slice | types.EllipsisType]) -> SlicePlan:
+        """
+        Plans a basic index expression (ints, slices, Ellipsis, one per axis at most) over a tensor.
+        """
 
     def read_slice(self, name: str, plan: SlicePlan, ptr: int) -> None:
         """

@@ -1,9 +1,10 @@
 """Python index expressions -> the native slicer's spec, with numpy semantics.
 
-The C++ slicer handles integers, ranges and Ellipsis. Two numpy features are layered on top here, because
-they only rearrange what the slicer reads: ``None`` (a new axis of length 1) and one integer list (numpy's
-single advanced index: one read per listed position, stacked where the list stood). ``[]`` is an empty
-list, i.e. an empty first axis.
+The C++ slicer takes Python integers, slices and Ellipsis as they are, and checks them (bounds, steps, slice
+bounds that are not integers, a second Ellipsis, too many indices). Two numpy features are layered on top
+here, because they only rearrange what the slicer reads: ``None`` (a new axis of length 1) and one integer
+list (numpy's single advanced index: one read per listed position, stacked where the list stood). ``[]`` is
+an empty list, i.e. an empty first axis.
 """
 
 from __future__ import annotations
@@ -12,10 +13,6 @@ import operator
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ._safetensors_cpp import SafetensorSliceError
-
-# Native spec entries: (0, i, None, None) integer, (1, start, stop, step) range, (2, None, None, None) ellipsis.
-_ELLIPSIS = (2, None, None, None)
-
 
 def _as_int(value: Any) -> Optional[int]:
     if isinstance(value, bool):
@@ -61,7 +58,7 @@ class IndexPlan:
     __slots__ = ("spec", "gather_position", "gather_values", "slots", "moved_empty_axis")
 
     def __init__(self) -> None:
-        self.spec: List[tuple] = []
+        self.spec: List[Any] = []  # what the native slicer reads: ints, slices and Ellipsis
         self.gather_position: Optional[int] = None  # index into spec of the integer-list entry
         self.gather_values: List[int] = []
         self.slots: List[str] = []
@@ -76,14 +73,14 @@ class IndexPlan:
             return None
         return [slot for slot in self.slots if slot != "N"].index("G")
 
-    def reads(self) -> List[List[tuple]]:
+    def reads(self) -> List[List[Any]]:
         """The native specs to read, in order: one, or one per listed position."""
         if self.gather_position is None:
             return [self.spec]
         out = []
         for value in self.gather_values:
             spec = list(self.spec)
-            spec[self.gather_position] = (0, value, None, None)
+            spec[self.gather_position] = value
             out.append(spec)
         return out
 
@@ -110,8 +107,8 @@ class IndexPlan:
 
 
 def parse_index(index: Any, ndim: int) -> IndexPlan:
-    """Parses ``index`` for a tensor of ``ndim`` dimensions. Range and bounds errors are left to the native
-    planner, which reports them with numpy's words."""
+    """Parses ``index`` for a tensor of ``ndim`` dimensions. Range, bounds and count errors are left to the
+    native planner, which reports them with numpy's words."""
     if isinstance(index, tuple):
         items: Sequence[Any] = index
     else:
@@ -132,26 +129,20 @@ def parse_index(index: Any, ndim: int) -> IndexPlan:
             kinds.append("list")
         else:
             raise _invalid(item)
-    if kinds.count("ellipsis") > 1:
-        raise SafetensorSliceError("an index can only have a single ellipsis ('...')")
     if kinds.count("list") > 1:
         raise SafetensorSliceError("only one integer-list (advanced) index is supported")
     explicit = sum(k in ("int", "slice", "list") for k in kinds)
-    if explicit > ndim:
-        raise SafetensorSliceError(
-            f"too many indices for tensor: tensor is {ndim}-dimensional, but {explicit} were indexed"
-        )
 
     for item, kind in zip(items, kinds):
         if kind == "none":
             plan.slots.append("N")
         elif kind == "ellipsis":
-            plan.spec.append(_ELLIPSIS)
+            plan.spec.append(Ellipsis)
             plan.slots.extend("S" * (ndim - explicit))
         elif kind == "int":
-            plan.spec.append((0, _clamp64(_as_int(item)), None, None))
+            plan.spec.append(_as_int(item))
         elif kind == "slice":
-            plan.spec.append((1, _slice_bound(item.start), _slice_bound(item.stop), _slice_bound(item.step)))
+            plan.spec.append(item)
             plan.slots.append("S")
         else:
             values = _as_int_list(item)
@@ -159,10 +150,10 @@ def parse_index(index: Any, ndim: int) -> IndexPlan:
             if values:
                 plan.gather_position = len(plan.spec)
                 plan.gather_values = values
-                plan.spec.append((0, values[0], None, None))
+                plan.spec.append(values[0])
                 plan.slots.append("G")
             else:
-                plan.spec.append((1, 0, 0, None))  # an empty list selects nothing along its axis
+                plan.spec.append(slice(0, 0))  # an empty list selects nothing along its axis
                 empty_list_axis = plan.slots.count("S")
                 plan.slots.append("S")
 
@@ -189,20 +180,3 @@ def _nth_s(slots: List[str], n: int) -> int:
             if seen == n:
                 return i
     raise AssertionError("no such read axis")
-
-
-def _slice_bound(value: Any) -> Optional[int]:
-    if value is None:
-        return None
-    i = _as_int(value)
-    if i is None:
-        raise SafetensorSliceError(
-            f"slice indices must be integers or None or have an __index__ method (got {type(value).__name__})"
-        )
-    return _clamp64(i)
-
-
-def _clamp64(i: int) -> int:
-    """The native planner takes 64-bit positions. A bound beyond them is equivalent to the limit (Python
-    clamps slices), and an integer index beyond them is out of bounds either way."""
-    return max(-(2**63), min(i, 2**63 - 1))

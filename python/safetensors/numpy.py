@@ -93,18 +93,18 @@ def _pack(array: np.ndarray, code: str) -> np.ndarray:
 
 #: Codes stored one element per whole number of bytes, with their numpy dtype (the packed codes excluded).
 _WHOLE: Dict[str, np.dtype] = {code: dtype for code, dtype in _TYPES.items() if code not in _PACKED_BITS}
-#: pread get_tensor reads tensors up to this size into a new bytearray (one native call, no ctypes); larger
-#: ones into np.empty, which asks for huge pages.
-_SMALL_READ = 1 << 20
 
 
 class _Numpy(Framework):
     name = "numpy"
 
     def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> np.ndarray:
+        dtype = _WHOLE.get(code)
+        if dtype is not None:
+            return np.ndarray(shape, dtype, buffer)
         if code in _PACKED_BITS:
             return _unpack(np.frombuffer(buffer, dtype=np.uint8), code, shape)
-        return np.frombuffer(buffer, dtype=_np_dtype(code)).reshape(shape)
+        return np.ndarray(shape, _np_dtype(code), buffer)  # raises: no numpy dtype
 
     def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[np.ndarray, int]:
         if code in _PACKED_BITS:
@@ -150,27 +150,7 @@ class _Converted(_Numpy):
         return super().empty(code, shape)
 
 
-class _PlainNumpy(_Numpy):
-    """numpy arrays as they are (the other frameworks convert them in to_device, so they take the general
-    path)."""
-
-    def get_tensor(self, reader: Any, name: str) -> np.ndarray:
-        # One array constructor over the mapping (mmap), or over a bytearray one native call filled (small
-        # tensors, pread): the per-tensor cost of a file with many small tensors.
-        info = reader.file.info(name)
-        code, shape, begin, end = info
-        dtype = _WHOLE.get(code)
-        if dtype is not None:
-            if reader.zero_copy:
-                mv = reader.memoryview()
-                if mv is not None:
-                    return np.ndarray(shape, dtype, mv, begin)
-            elif end - begin <= _SMALL_READ:
-                return np.ndarray(shape, dtype, reader.file.read_bytes(name))
-        return self.load_one(reader, name, info)
-
-
-_ADAPTER = _PlainNumpy()
+_ADAPTER = _Numpy()
 
 
 def _flatten_specs(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], List[np.ndarray]]:

@@ -186,17 +186,13 @@ class _Paddle(_Converted):
         out = _from_numpy(tensor)
         return out if _is_cpu(device) else out.to(device=device)
 
-    def load_one(self, reader: Any, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> paddle.Tensor:
-        if _stages(reader.device) and _staged(info):
-            return _staged_load(reader.file, [(name, info)], reader.device)[name]
-        return super().load_one(reader, name, info)
+    def stages(self, device: Any) -> bool:
+        return _stages(device)
 
-    def load_all(self, reader: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Dict[str, paddle.Tensor]:
-        if not _stages(reader.device):
-            return super().load_all(reader, infos)
-        staged = _staged_load(reader.file, [(name, info) for name, info in infos if _staged(info)], reader.device)
-        return {name: staged[name] if name in staged else super(_Paddle, self).load_one(reader, name, info)
-                for name, info in infos}
+    def stage(self, file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]],
+              device: Any) -> Dict[str, paddle.Tensor]:
+        # Only the tensors _staged takes; the loading strategies read the others on the CPU and move them.
+        return _staged_load(file, [(name, info) for name, info in infos if _staged(info)], device)
 
 
 _ADAPTER = _Paddle()

@@ -9,7 +9,6 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from . import _safetensors_cpp as _cpp
 from ._adapter import non_contiguous_message as _non_contiguous_message, save_load_functions
 from ._core import DTYPES, Framework, PathLike, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
@@ -104,52 +103,6 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
     return out
 
 
-def _rows_of(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, bool]]:
-    """``(start, stop, squeeze)`` when the index plan selects whole rows ``[start, stop)`` of the first dimension
-    (a step-1 range or one integer, then only whole axes), else None."""
-    if not shape or plan.gather_axis is not None or plan.needs_reshape:
-        return None
-    spec = plan.reads()[0]
-    if any(entry != (1, None, None, None) and entry[0] != 2 for entry in spec[1:]):
-        return None
-    first = spec[0]
-    if first[0] == 0:
-        index = first[1] + shape[0] if first[1] < 0 else first[1]
-        return (index, index + 1, True) if 0 <= index < shape[0] else None
-    if first[0] == 1 and first[3] in (None, 1):
-        start, stop, _ = slice(first[1], first[2]).indices(shape[0])
-        return start, max(start, stop), False
-    return None
-
-
-def _torch_index(entry: tuple) -> Any:
-    kind, a, b, c = entry
-    return a if kind == 0 else slice(a, b, c) if kind == 1 else Ellipsis
-
-
-def _rows_with_inner(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, tuple]]:
-    """``(start, stop, index)`` when the plan's rows are one step-1 range of the first dimension (a range, one
-    integer, or an Ellipsis in front, standing for every row) and no range has a negative step (which torch
-    cannot index): the rows are one byte range, and ``index`` selects the rest from the tensor of those rows,
-    as numpy would from the whole. Else None."""
-    if not shape or plan.gather_axis is not None or plan.needs_reshape:
-        return None
-    spec = plan.reads()[0]
-    if not spec or any(entry[0] == 1 and entry[3] is not None and entry[3] < 0 for entry in spec):
-        return None
-    inner = tuple(_torch_index(entry) for entry in spec[1:])
-    first = spec[0]
-    if first[0] == 0:
-        index = first[1] + shape[0] if first[1] < 0 else first[1]
-        return (index, index + 1, (0,) + inner) if 0 <= index < shape[0] else None
-    if first[0] == 1 and first[3] in (None, 1):
-        start, stop, _ = slice(first[1], first[2]).indices(shape[0])
-        return start, max(start, stop), (slice(None),) + inner
-    if first[0] == 2:
-        return 0, shape[0], (Ellipsis,) + inner
-    return None
-
-
 def _stages(device: torch.device) -> bool:
     """True for accelerators whose torch module has streams and events (cuda, npu, xpu, PrivateUse1 ...): the
     engine's staged path. Others get a CPU read and ``.to(device)``."""
@@ -166,6 +119,10 @@ def _stages(device: torch.device) -> bool:
 
 class _Torch(Framework):
     name = "pytorch"
+    dlpack = True
+    bytes_dtype = torch.uint8
+    from_dlpack = staticmethod(_from_dlpack)
+    stages_rows = True
 
     def resolve_device(self, device: Any) -> torch.device:
         return resolve_torch_device(device)
@@ -187,77 +144,35 @@ class _Torch(Framework):
         tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device="cpu")
         return tensor, tensor.data_ptr()
 
+    def reinterpret(self, tensor: torch.Tensor, code: str, shape: Tuple[int, ...]) -> torch.Tensor:
+        dtype, tshape = _torch_dtype(code), _torch_shape(code, shape)
+        return tensor.view(dtype).view(tshape)
+
+    def stages(self, device: torch.device) -> bool:
+        return _stages(device)
+
+    def stage(self, file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]],
+              device: torch.device) -> Dict[str, torch.Tensor]:
+        return _staged_load(file, infos, device)
+
     def meta(self, code: str, shape: Tuple[int, ...], device: torch.device) -> torch.Tensor:
         return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)
 
     def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return tensor if device.type == "cpu" else tensor.to(device)
 
-    def get_tensor(self, reader: Any, name: str) -> torch.Tensor:
-        # One native call builds the whole tensor (shape and dtype included): a view of the mapping, or new
-        # memory read on the CPU (accelerators take the staged path below).
-        if reader.zero_copy:
-            capsule = reader.file.dlpack(name)
-        elif reader.device.type == "cpu":
-            capsule = reader.file.read_owned(name)
-        else:
-            capsule = None
-        if capsule is not None:
-            return _from_dlpack(capsule)
-        return super().get_tensor(reader, name)
-
-    def load_one(self, reader: Any, name: str, info: Tuple[str, Tuple[int, ...], int, int]) -> torch.Tensor:
-        if _stages(reader.device):
-            return _staged_load(reader.file, [(name, info)], reader.device)[name]
-        return super().load_one(reader, name, info)
-
-    def load_all(self, reader: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Dict[str, torch.Tensor]:
-        if _stages(reader.device):
-            return _staged_load(reader.file, infos, reader.device)
-        return super().load_all(reader, infos)
-
-    def get_all(self, reader: Any) -> Dict[str, torch.Tensor]:
-        if reader.zero_copy:
-            capsules = reader.file.dlpack_all()
-        elif reader.device.type == "cpu":
-            capsules = reader.file.read_owned_all()
-        else:
-            return super().get_all(reader)
-        out = {}
-        for name, capsule in capsules:
-            out[name] = _from_dlpack(capsule) if capsule is not None else super().load_one(reader, name, reader.file.info(name))
-        return out
-
     def stack(self, tensors: List[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.stack(tensors, axis)
 
-    def load_slice(self, reader: Any, name: str, code: str, plan: Any) -> torch.Tensor:
-        # Rows of the first dimension onto an accelerator are one byte range: the engine streams them to the
-        # device like a whole tensor. A selection inside one such range of rows (rows[2:9, ::4], w[5, 1:3])
-        # streams those rows and selects on the device. Anything else is read on the CPU and moved.
-        if _stages(reader.device):
-            code, shape, _, _ = reader.file.info(name)
-            rows = _rows_of(plan, shape)
-            if rows is not None:
-                start, stop, squeeze = rows
-                begin, end = _cpp.row_piece(reader.file, name, start, stop)
-                piece = (code, (stop - start,) + tuple(shape[1:]), begin, end)
-                tensor = _staged_load(reader.file, [(name, piece)], reader.device)[name]
-                return tensor[0] if squeeze else tensor
-            selection = _rows_with_inner(plan, shape)
-            if selection is not None and _torch_shape(code, shape) == tuple(shape):  # not packed (F4)
-                start, stop, index = selection
-                want = tuple(reader.file.plan_slice(name, plan.reads()[0]).shape)  # the slicer's checks first
-                begin, end = _cpp.row_piece(reader.file, name, start, stop)
-                piece = (code, (stop - start,) + tuple(shape[1:]), begin, end)
-                rows_tensor = _staged_load(reader.file, [(name, piece)], reader.device)[name]
-                tensor = rows_tensor[index]
-                if tuple(tensor.shape) == want:
-                    # Memory of its own, as a CPU read gives: not a view holding all the rows.
-                    if tensor.numel() == rows_tensor.numel() and tensor.is_contiguous():
-                        return tensor
-                    return tensor.clone(memory_format=torch.contiguous_format)
-        return super().load_slice(reader, name, code, plan)
+    def selects(self, code: str, shape: Tuple[int, ...]) -> bool:
+        return _torch_shape(code, shape) == tuple(shape)  # not packed (F4): the storage shape is the header's
+
+    def select(self, rows: torch.Tensor, index: tuple) -> torch.Tensor:
+        tensor = rows[index]
+        # Memory of its own, as a CPU read gives: not a view holding all the rows.
+        if tensor.numel() == rows.numel() and tensor.is_contiguous():
+            return tensor
+        return tensor.clone(memory_format=torch.contiguous_format)
 
     def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
         # The reference indexes a torch tensor on the mmap backend (torch's errors) and uses its own indexer

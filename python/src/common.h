@@ -1,5 +1,6 @@
 // What the parts of _safetensors_cpp share (module.cc, engine_binding.cc, sharded_binding.cc): the one error
-// path into Python and the conversions of arguments every part takes. Defined in module.cc.
+// path into Python (errors.cc), the one way the GIL is released, and the conversions of arguments every part
+// takes (module.cc).
 #ifndef SAFETENSORS_PYTHON_COMMON_H_
 #define SAFETENSORS_PYTHON_COMMON_H_
 
@@ -23,9 +24,25 @@ namespace safetensors::python {
 // What the failing call was doing; decides the reference's message prefix for format errors.
 enum class Op { kOpenFile, kOpenBytes, kSerialize, kOther };
 
-// Throws `e` to the module's one exception translator (module.cc), which raises SafetensorError,
+// Throws `e` to the module's one exception translator (errors.cc), which raises SafetensorError,
 // SafetensorIOError, SafetensorSliceError or FileNotFoundError with the reference's text.
 [[noreturn]] void raise_error(Error e, Op op = Op::kOther);
+
+// Raises the exception `kind` maps to with exactly `text`, no prefix and no variant token: for arguments the
+// binding refuses itself (a backend name, an index the slicer cannot take), whose texts the package pins.
+[[noreturn]] void raise_message(Error::Kind kind, const std::string& text);
+
+// Creates SafetensorError, SafetensorSliceError and SafetensorIOError in `m` and registers the translator.
+void register_errors(nanobind::module_& m);
+
+// Runs `f` with the GIL released and returns its result: the one way the binding releases the GIL. `f`
+// touches no Python object; arguments are converted before and results built into Python objects after
+// (constructing an array or a str needs the GIL), which a whole-function call guard could not express.
+template <typename F>
+decltype(auto) without_gil(F&& f) {
+  nanobind::gil_scoped_release release;
+  return std::forward<F>(f)();
+}
 
 template <typename T>
 T check(Result<T> r, Op op = Op::kOther) {

@@ -1,9 +1,10 @@
 // _safetensors_cpp: the one thin binding between Python and the C++ library.
 //
-// Declarative defs over the C++ API. Ownership is stated once: zero-copy memory is exposed only through
-// `Buffer`, whose Python object holds a shared_ptr to the Source, so a mapping lives exactly as long as the
-// last Python object (tensor, array, memoryview) that uses it. Every read and write releases the GIL and
-// touches no Python object while it is released. Errors are translated in one place (translate_error).
+// Declarative defs over the C++ API, split by concern: this file holds the definitions and the argument
+// conversions, errors.cc the translation of every Error into a Python exception, export.cc the one way tensor
+// bytes leave without a copy (an nb::ndarray over a File::view or an owned read, whose owner keeps the memory
+// alive). Every read and write releases the GIL through without_gil (common.h) and touches no Python object
+// while it is released.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -13,14 +14,13 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
-#include <cerrno>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
-#include <new>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -33,6 +33,7 @@
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
 #include "common.h"
+#include "export.h"
 
 #include "engine_binding.h"
 #include "sharded_binding.h"
@@ -42,119 +43,6 @@ using namespace nb::literals;
 
 namespace safetensors::python {
 namespace {
-
-// ---------------------------------------------------------------------------------------------------------
-// Errors
-
-struct TranslatedError {
-  Error error;
-  Op op;
-};
-
-PyObject* g_safetensor_error = nullptr;  // safetensors.SafetensorError
-PyObject* g_slice_error = nullptr;       // safetensors.SafetensorSliceError(SafetensorError, IndexError, ValueError)
-PyObject* g_io_error = nullptr;          // safetensors.SafetensorIOError(SafetensorError, OSError)
-
-// Raises `type` with the whole of `text`: a NUL inside a tensor name or dtype must not cut the message (and
-// its variant token) short, and bytes that are not UTF-8 (a path) become backslash escapes instead of
-// turning the error into a UnicodeDecodeError.
-void set_error(PyObject* type, const std::string& text) {
-  PyObject* message = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
-  if (message == nullptr) return;
-  PyErr_SetObject(type, message);
-  Py_DECREF(message);
-}
-
-// Raises SafetensorIOError: str() is the whole text (prefix + to_string()), and errno, strerror and filename
-// are set as OSError's. They are also kept in the instance dict, which BaseException.__reduce__ pickles and
-// __setstate__ writes back through OSError's attributes, so a pickled error keeps them.
-void set_io_error(const Error& e, const std::string& text) {
-  try {
-    auto decode = [](const std::string& bytes) {
-      return nb::steal(PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "backslashreplace"));
-    };
-    nb::object exc = nb::handle(g_io_error)(decode(text));
-    // A file that changed size under us has no errno of its own: it is reported as EIO, its text the detail.
-    const int err = e.sys_errno() != 0 ? e.sys_errno() : EIO;
-    nb::object strerror = e.sys_errno() != 0 ? nb::module_::import_("os").attr("strerror")(err) : decode(e.detail());
-    nb::object filename = e.context().empty() || e.context().front() == '<'
-                              ? nb::none()
-                              : nb::steal(PyUnicode_DecodeFSDefaultAndSize(
-                                    e.context().data(), static_cast<Py_ssize_t>(e.context().size())));
-    if (!filename.is_valid() || !strerror.is_valid()) throw nb::python_error();
-    nb::dict state = nb::borrow<nb::dict>(exc.attr("__dict__"));
-    for (auto [name, value] : {std::pair<const char*, nb::object>{"errno", nb::int_(err)},
-                               {"strerror", strerror},
-                               {"filename", filename}}) {
-      exc.attr(name) = value;
-      state[name] = value;
-    }
-    PyErr_SetObject(g_io_error, exc.ptr());
-  } catch (nb::python_error& pe) {
-    pe.restore();
-  }
-}
-
-void translate_error(const std::exception_ptr& p, void*) {
-  try {
-    std::rethrow_exception(p);
-  } catch (const TranslatedError& t) {
-    const Error& e = t.error;
-    const char* prefix = t.op == Op::kOpenFile    ? "Error while deserializing header: "
-                         : t.op == Op::kOpenBytes ? "Error while deserializing: "
-                         : t.op == Op::kSerialize ? "Error while serializing: "
-                                                  : "";
-    switch (e.kind()) {
-      case Error::Kind::kNotFound:
-        if (t.op == Op::kSerialize) {
-          // A save into a missing directory: an I/O error, as the reference reports it.
-          Error io = Error::io(e.context(), e.detail(), e.sys_errno());
-          set_io_error(io, prefix + io.to_string());
-          return;
-        }
-        set_error(PyExc_FileNotFoundError, e.message());
-        return;
-      case Error::Kind::kIo:
-        set_io_error(e, prefix + e.to_string());
-        return;
-      case Error::Kind::kInvalidSlice:
-        set_error(g_slice_error, e.to_string());
-        return;
-      case Error::Kind::kTensorNotFound:
-      case Error::Kind::kInvalidArgument:
-        set_error(g_safetensor_error, e.to_string());
-        return;
-      default:
-        set_error(g_safetensor_error, prefix + e.to_string());
-        return;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Buffer: a buffer-protocol view of memory kept alive by a shared owner.
-
-struct Buffer {
-  std::shared_ptr<const void> owner;
-  const std::byte* data = nullptr;
-  std::size_t size = 0;
-  bool writable = false;
-};
-
-int buffer_getbuffer(PyObject* self, Py_buffer* view, int flags) {
-  Buffer* b = nb::inst_ptr<Buffer>(self);
-  // The memory is only written by the caller through a private copy-on-write mapping, never into the file.
-  return PyBuffer_FillInfo(view, self, const_cast<std::byte*>(b->data), static_cast<Py_ssize_t>(b->size),
-                           b->writable ? 0 : 1, flags);
-}
-
-void buffer_releasebuffer(PyObject*, Py_buffer*) {}
-
-PyType_Slot buffer_slots[] = {
-    {Py_bf_getbuffer, reinterpret_cast<void*>(buffer_getbuffer)},
-    {Py_bf_releasebuffer, reinterpret_cast<void*>(buffer_releasebuffer)},
-    {0, nullptr},
-};
 
 // A Python bytes-like object pinned for the lifetime of a memory Source. The deleter takes the GIL: the last
 // reference may be dropped from a thread that does not hold it.
@@ -168,96 +56,6 @@ std::shared_ptr<const void> pin_buffer(nb::handle obj, std::span<const std::byte
     PyBuffer_Release(v);
     delete v;
   });
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// DLPack: zero-copy tensors built by the consumer (torch) in one step, shape included. The legacy,
-// unversioned ABI (capsule name "dltensor"), which every torch release reads.
-
-struct DLDevice {
-  std::int32_t device_type;  // 1 = CPU
-  std::int32_t device_id;
-};
-struct DLDataType {
-  std::uint8_t code;
-  std::uint8_t bits;
-  std::uint16_t lanes;
-};
-struct DLTensor {
-  void* data;
-  DLDevice device;
-  std::int32_t ndim;
-  DLDataType dtype;
-  std::int64_t* shape;
-  std::int64_t* strides;  // null: compact row-major
-  std::uint64_t byte_offset;
-};
-struct DLManagedTensor {
-  DLTensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(DLManagedTensor*);
-};
-
-// Owns one exported view: the mapping stays alive until the consumer calls the deleter (from any thread;
-// releasing a shared_ptr needs no GIL).
-struct ExportedView {
-  DLManagedTensor managed{};
-  std::shared_ptr<const void> owner;
-  std::vector<std::int64_t> shape;
-};
-
-// DLPack type of a dtype (from the dtype table), or lanes == 0 where the legacy ABI has none.
-DLDataType dlpack_type(Dtype d) {
-  const DtypeInfo& row = dtype_info(d);
-  if (row.dlpack_code == kNoDlpack) return {0, 0, 0};  // float8/6/4: built through frombuffer + view instead
-  return {row.dlpack_code, static_cast<std::uint8_t>(row.bits), 1};
-}
-
-void capsule_destructor(PyObject* capsule) {
-  // A capsule still named "dltensor" was never consumed: its view is ours to free.
-  if (PyCapsule_IsValid(capsule, "dltensor")) {
-    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
-    managed->deleter(managed);
-  }
-}
-
-// A "dltensor" capsule over `data` (t's bytes, kept alive by `owner`). REQUIRES: dlpack_type(t.dtype) exists.
-nb::object export_view(const TensorInfo& t, const std::byte* data, std::shared_ptr<const void> owner) {
-  auto view = std::make_unique<ExportedView>();
-  view->owner = std::move(owner);
-  view->shape.assign(t.shape.begin(), t.shape.end());
-  DLTensor& dl = view->managed.dl_tensor;
-  dl.data = const_cast<std::byte*>(data);
-  dl.device = {1, 0};
-  dl.ndim = static_cast<std::int32_t>(view->shape.size());
-  dl.dtype = dlpack_type(t.dtype);
-  dl.shape = view->shape.data();
-  dl.strides = nullptr;
-  dl.byte_offset = 0;
-  view->managed.manager_ctx = view.get();
-  view->managed.deleter = [](DLManagedTensor* m) { delete static_cast<ExportedView*>(m->manager_ctx); };
-  PyObject* capsule = PyCapsule_New(&view->managed, "dltensor", capsule_destructor);
-  if (capsule == nullptr) throw nb::python_error();
-  view.release();  // owned by the capsule, then by the consumer
-  return nb::steal(capsule);
-}
-
-// A capsule viewing `t` in the file's writable mapping, or None (no mapping, read-only, or no DLPack type).
-nb::object export_mapped(const File& f, const TensorInfo& t) {
-  if (!f.source()->writable() || dlpack_type(t.dtype).lanes == 0) return nb::none();
-  return export_view(t, f.source()->data() + f.data_offset() + t.begin, f.source());
-}
-
-// Fresh, 64-byte aligned memory of `n` bytes (at least 1) that shared_ptrs free.
-std::shared_ptr<std::byte> owned_buffer(std::uint64_t n) {
-  // Small buffers come straight from malloc (16-byte aligned, enough for every element type; aligned_alloc
-  // fragments the heap with many tiny tensors); larger ones start on a cache line.
-  constexpr std::size_t kAlign = 64;
-  constexpr std::uint64_t kSmall = 4096;
-  const std::size_t size = static_cast<std::size_t>((std::max<std::uint64_t>(n, 1) + kAlign - 1) / kAlign * kAlign);
-  void* p = n <= kSmall ? std::malloc(size) : std::aligned_alloc(kAlign, size);
-  if (p == nullptr) throw std::bad_alloc();
-  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -304,21 +102,65 @@ nb::tuple shape_tuple(std::span<const std::uint64_t> shape) {
   return nb::borrow<nb::tuple>(t);
 }
 
-// Index expressions arrive as tuples: (0, i) integer, (1, start, stop, step) range, (2,) ellipsis.
-using PyIndex = std::tuple<int, std::optional<std::int64_t>, std::optional<std::int64_t>, std::optional<std::int64_t>>;
+// A Python int (or anything with __index__) as the slicer's 64-bit position. A bound beyond 64 bits is
+// equivalent to the limit (Python clamps slices), and an integer index beyond them is out of bounds either way.
+std::int64_t clamped_index(nb::handle value) {
+  nb::object index = nb::steal(PyNumber_Index(value.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long i = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0) return overflow > 0 ? INT64_MAX : INT64_MIN;
+  if (i == -1 && PyErr_Occurred()) throw nb::python_error();
+  return i;
+}
 
-std::vector<SliceIndex> to_indices(const std::vector<PyIndex>& spec) {
+std::optional<std::int64_t> slice_bound(nb::handle value) {
+  if (value.is_none()) return std::nullopt;
+  if (!PyIndex_Check(value.ptr())) {
+    raise_message(Error::Kind::kInvalidSlice, "slice indices must be integers or None or have an __index__ method (got " +
+                      std::string(nb::type_name(value.type()).c_str()) + ")");
+  }
+  return clamped_index(value);
+}
+
+// An index expression of Python objects: integers, slices and Ellipsis, numpy's basic indexing. (The layers
+// numpy adds on top -- None, one integer list -- are resolved in python/safetensors/_slicing.py.)
+std::vector<SliceIndex> to_indices(nb::handle spec) {
   std::vector<SliceIndex> out;
-  out.reserve(spec.size());
-  for (const auto& [kind, a, b, c] : spec) {
-    if (kind == 0) {
-      out.push_back(SliceIndex::at(a.value_or(0)));
-    } else if (kind == 1) {
-      out.push_back(SliceIndex::range(a, b, c));
-    } else {
+  for (nb::handle item : spec) {
+    if (item.is(Py_Ellipsis)) {
       out.push_back(SliceIndex::ellipsis());
+    } else if (PySlice_Check(item.ptr())) {
+      out.push_back(SliceIndex::range(slice_bound(item.attr("start")), slice_bound(item.attr("stop")),
+                                      slice_bound(item.attr("step"))));
+    } else if (PyIndex_Check(item.ptr()) && !PyBool_Check(item.ptr())) {
+      out.push_back(SliceIndex::at(clamped_index(item)));
+    } else {
+      raise_message(Error::Kind::kInvalidSlice, "only integers, slices (`:`) and ellipsis (`...`) are valid indices here (got " +
+                        std::string(nb::type_name(item.type()).c_str()) + ")");
     }
   }
+  return out;
+}
+
+// The zero-copy view of `t`, or nullopt where the file has none: File::view's one failure for a tensor of the
+// file is the pread backend's (no mapping).
+std::optional<TensorView> mapped_view(const File& f, const TensorInfo& t) {
+  Result<TensorView> v = f.view(t);
+  if (!v.ok()) return std::nullopt;
+  return std::move(v).value();
+}
+
+// The tensors `names` selects (every tensor in file order when None).
+std::vector<const TensorInfo*> selected(const File& f, const std::optional<std::vector<std::string>>& names) {
+  std::vector<const TensorInfo*> out;
+  if (!names) {
+    out.reserve(f.tensors().size());
+    for (const TensorInfo& t : f.tensors()) out.push_back(&t);
+    return out;
+  }
+  out.reserve(names->size());
+  for (const std::string& name : *names) out.push_back(check(f.info(name)));
   return out;
 }
 
@@ -326,12 +168,11 @@ std::vector<SliceIndex> to_indices(const std::vector<PyIndex>& spec) {
 
 // -- common.h ---------------------------------------------------------------------------------------------
 
-void raise_error(Error e, Op op) { throw TranslatedError{std::move(e), op}; }
-
 Backend parse_backend(const std::string& name) {
   if (name == "mmap") return Backend::kMmap;
   if (name == "pread") return Backend::kPread;
-  raise_error(Error::invalid_argument("", "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")"));
+  raise_message(Error::Kind::kInvalidArgument,
+                "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")");
 }
 
 nb::tuple info_tuple(const TensorInfo& t) {
@@ -366,41 +207,7 @@ NB_MODULE(_safetensors_cpp, m) {
   // would report as leaks on every exit. The leak check is opt-in (tests turn it on and assert silence).
   nb::set_leak_warnings(std::getenv("SAFETENSORS_LEAK_WARNINGS") != nullptr);
 
-  g_safetensor_error =
-      PyErr_NewExceptionWithDoc("safetensors.SafetensorError", "Custom Python Exception for Safetensor errors.",
-                                PyExc_Exception, nullptr);
-  m.attr("SafetensorError") = nb::handle(g_safetensor_error);
-  {
-    nb::object bases = nb::make_tuple(nb::handle(g_safetensor_error), nb::handle(PyExc_IndexError),
-                                      nb::handle(PyExc_ValueError));
-    g_slice_error = PyErr_NewExceptionWithDoc(
-        "safetensors.SafetensorSliceError",
-        "An index expression that does not fit the tensor. Also an IndexError and a ValueError, like numpy's.",
-        bases.ptr(), nullptr);
-    m.attr("SafetensorSliceError") = nb::handle(g_slice_error);
-  }
-  {
-    // str() is the message alone (OSError's would print "[Errno N] strerror: filename"), and pickling goes
-    // through BaseException's (message,) + instance dict, which carries errno/strerror/filename.
-    nb::object base = nb::borrow(PyExc_BaseException);
-    nb::dict ns;
-    ns["__str__"] = base.attr("__str__");
-    ns["__reduce__"] = base.attr("__reduce__");
-    nb::object bases = nb::make_tuple(nb::handle(g_safetensor_error), nb::handle(PyExc_OSError));
-    g_io_error = PyErr_NewExceptionWithDoc(
-        "safetensors.SafetensorIOError",
-        "An operating-system failure while reading or writing a file. Also an OSError: errno, strerror and "
-        "filename are set.",
-        bases.ptr(), ns.ptr());
-    if (g_io_error == nullptr) throw nb::python_error();
-    m.attr("SafetensorIOError") = nb::handle(g_io_error);
-  }
-  nb::register_exception_translator(translate_error);
-
-  nb::class_<Buffer>(m, "Buffer", nb::type_slots(buffer_slots),
-                     "Buffer-protocol view of file or memory bytes; keeps them alive while referenced.")
-      .def_prop_ro("nbytes", [](const Buffer& b) { return b.size; })
-      .def_prop_ro("writable", [](const Buffer& b) { return b.writable; });
+  register_errors(m);
 
   nb::class_<SlicePlan>(m, "SlicePlan", "A planned index expression over one tensor.")
       .def_prop_ro("shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); },
@@ -411,15 +218,13 @@ NB_MODULE(_safetensors_cpp, m) {
   nb::class_<File>(m, "File", "An open, validated safetensors file (or in-memory bytes).")
       .def(
           "__init__",
-          [](File* self, const std::string& path, const std::string& backend, std::uint64_t max_header_bytes) {
-            OpenOptions options{parse_backend(backend), max_header_bytes};
-            Result<File> f = [&] {
-              nb::gil_scoped_release release;
-              return File::open(path, options);
-            }();
-            new (self) File(check(std::move(f), Op::kOpenFile));
+          [](File* self, const std::string& path, nb::handle backend, std::uint64_t max_header_bytes) {
+            // Any object: its str() is named when it is not a backend.
+            OpenOptions options{parse_backend(nb::str(backend).c_str()), max_header_bytes};
+            new (self) File(check(without_gil([&] { return File::open(path, options); }), Op::kOpenFile));
           },
-          "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes)
+          "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes,
+          nb::sig("def __init__(self, path: str, backend: str = 'mmap', max_header_bytes: int = 100000000) -> None"))
       .def_static(
           "from_buffer",
           [](nb::handle data, std::uint64_t max_header_bytes) {
@@ -481,6 +286,18 @@ NB_MODULE(_safetensors_cpp, m) {
           },
           "name"_a, "A tensor's dtype code, e.g. \"F32\".")
       .def(
+          "dtypes",
+          [](const File& f) {
+            std::array<bool, kDtypeTable.size()> seen{};
+            for (const TensorInfo& t : f.tensors()) seen[static_cast<std::size_t>(t.dtype)] = true;
+            nb::list out;
+            for (const DtypeInfo& row : kDtypeTable) {
+              if (seen[static_cast<std::size_t>(row.dtype)]) out.append(nb::str(row.code.data(), row.code.size()));
+            }
+            return out;
+          },
+          nb::sig("def dtypes(self) -> list[str]"), "The dtype codes the file's tensors use, each once, in rank order.")
+      .def(
           "infos",
           [](const File& f) {
             const auto& ts = f.tensors();
@@ -491,102 +308,90 @@ NB_MODULE(_safetensors_cpp, m) {
           "[(name, (dtype code, shape, begin, end))] in file order.")
       .def(
           "buffer",
-          [](const File& f) -> std::optional<Buffer> {
-            const std::byte* base = f.source()->data();
-            if (base == nullptr) return std::nullopt;
-            Buffer b;
-            b.data = base + f.data_offset();
-            b.size = static_cast<std::size_t>(f.size() - f.data_offset());
-            b.owner = f.source();
-            b.writable = f.source()->writable();
-            return b;
+          [](nb::handle_t<File> self) -> nb::object {
+            const File& f = *nb::inst_ptr<File>(self);
+            // The data buffer viewed as one U8 tensor of the file: File::view takes a tensor's offsets.
+            TensorInfo all;
+            all.dtype = Dtype::kU8;
+            all.end = f.size() - f.data_offset();
+            std::optional<TensorView> v = mapped_view(f, all);
+            if (!v) return nb::none();
+            return export_array(all, *v, self, Form::kBuffer);
           },
-          "The data buffer (everything after the header) as a Buffer, or None on the pread backend.")
+          nb::sig("def buffer(self) -> memoryview | None"),
+          "The data buffer (everything after the header) as a memoryview that keeps the mapping alive, or None "
+          "on the pread backend. Writable where the mapping is (a private copy-on-write mapping).")
       .def(
-          "dlpack",
-          [](const File& f, std::string_view name) { return export_mapped(f, *check(f.info(name))); },
-          "name"_a, nb::sig("def dlpack(self, name: str) -> object | None"),
-          "A DLPack capsule viewing a tensor in the writable mapping (zero-copy, keeps it alive), or None "
-          "(pread backend, read-only mapping, or a dtype DLPack cannot describe).")
+          "view",
+          [](nb::handle_t<File> self, std::string_view name) -> nb::object {
+            const File& f = *nb::inst_ptr<File>(self);
+            const TensorInfo* t = check(f.info(name));
+            std::optional<TensorView> v = mapped_view(f, *t);
+            if (!v || !v->writable) return nb::none();
+            return export_array(*t, *v, self, Form::kDlpack);
+          },
+          "name"_a, nb::sig("def view(self, name: str) -> object | None"),
+          "A tensor in the file's writable mapping, zero-copy, as a DLPack capsule that keeps the mapping alive "
+          "(typed as the tensor where DLPack has its dtype, else its bytes as uint8), or None (pread backend, "
+          "read-only mapping).")
       .def(
-          "dlpack_all",
-          [](const File& f) {
+          "view_all",
+          [](nb::handle_t<File> self) {
+            const File& f = *nb::inst_ptr<File>(self);
             const auto& ts = f.tensors();
             return make_list(ts.size(), [&](std::size_t i) {
-              return nb::make_tuple(make_str(ts[i].name), export_mapped(f, ts[i]));
+              std::optional<TensorView> v = mapped_view(f, ts[i]);
+              nb::object capsule = v && v->writable ? export_array(ts[i], *v, self, Form::kDlpack) : nb::none();
+              return nb::make_tuple(make_str(ts[i].name), capsule);
             });
           },
-          nb::sig("def dlpack_all(self) -> list[tuple[str, object | None]]"),
-          "[(name, DLPack capsule or None)] for every tensor, in file order (see dlpack).")
+          nb::sig("def view_all(self) -> list[tuple[str, object | None]]"),
+          "[(name, view(name))] for every tensor, in file order.")
       .def(
-          "read_owned_all",
-          [](const File& f, unsigned threads) {
-            // Every tensor DLPack can describe is read into memory of its own (in parallel, GIL released)
-            // and handed out as a capsule that frees it; the rest come back as None.
-            std::vector<std::shared_ptr<std::byte>> buffers(f.tensors().size());
+          "read",
+          [](const File& f, std::string_view name, bool dlpack) {
+            const TensorInfo* t = check(f.info(name));
+            std::span<std::byte> dst;
+            nb::object owner = owned_bytes(t->nbytes(), &dst);
+            check(without_gil([&] { return f.read_into(*t, dst); }));
+            return dlpack ? export_array(*t, TensorView{dst, nullptr, true}, owner, Form::kDlpack) : owner;
+          },
+          "name"_a, "dlpack"_a = true, nb::sig("def read(self, name: str, dlpack: bool = True) -> object"),
+          "A tensor read into new memory of its own, a bytearray (GIL released): exported as a DLPack capsule "
+          "(typed as in view), or with dlpack=False the bytearray itself.")
+      .def(
+          "read_all",
+          [](const File& f, const std::optional<std::vector<std::string>>& names, unsigned threads, bool dlpack) {
+            const std::vector<const TensorInfo*> ts = selected(f, names);
+            std::vector<nb::object> owners(ts.size());
+            std::vector<std::span<std::byte>> dsts(ts.size());
             std::vector<ReadRequest> reqs;
-            for (std::size_t i = 0; i < f.tensors().size(); ++i) {
-              const TensorInfo& t = f.tensors()[i];
-              if (dlpack_type(t.dtype).lanes == 0) continue;
-              buffers[i] = owned_buffer(t.nbytes());
-              const std::span<std::byte> dst(buffers[i].get(), static_cast<std::size_t>(t.nbytes()));
-              advise_fresh_destination(dst);
-              if (!dst.empty()) reqs.push_back({&t, dst});
+            reqs.reserve(ts.size());
+            for (std::size_t i = 0; i < ts.size(); ++i) {
+              owners[i] = owned_bytes(ts[i]->nbytes(), &dsts[i]);
+              if (!dsts[i].empty()) reqs.push_back({ts[i], dsts[i]});
             }
-            {
-              nb::gil_scoped_release release;
-              check(f.read_many(reqs, threads));
-            }
-            return make_list(f.tensors().size(), [&](std::size_t i) {
-              const TensorInfo& t = f.tensors()[i];
-              nb::object capsule = buffers[i] ? export_view(t, buffers[i].get(), buffers[i]) : nb::none();
-              return nb::make_tuple(make_str(t.name), capsule);
+            check(without_gil([&] { return f.read_many(reqs, threads); }));
+            return make_list(ts.size(), [&](std::size_t i) {
+              nb::object out =
+                  dlpack ? export_array(*ts[i], TensorView{dsts[i], nullptr, true}, owners[i], Form::kDlpack) : owners[i];
+              return nb::make_tuple(make_str(ts[i]->name), std::move(out));
             });
           },
-          "threads"_a = 0, nb::sig("def read_owned_all(self, threads: int = 0) -> list[tuple[str, object | None]]"),
-          "[(name, DLPack capsule or None)] for every tensor in file order: each read into new memory the "
-          "capsule owns (None for dtypes DLPack cannot describe). Reads in parallel with the GIL released.")
-      .def(
-          "read_owned",
-          [](const File& f, std::string_view name) -> nb::object {
-            const TensorInfo* t = check(f.info(name));
-            if (dlpack_type(t->dtype).lanes == 0) return nb::none();
-            std::shared_ptr<std::byte> buffer = owned_buffer(t->nbytes());
-            {
-              nb::gil_scoped_release release;
-              const std::span<std::byte> dst(buffer.get(), static_cast<std::size_t>(t->nbytes()));
-              advise_fresh_destination(dst);
-              check(f.read_into(*t, dst));
-            }
-            return export_view(*t, buffer.get(), buffer);
-          },
-          "name"_a, nb::sig("def read_owned(self, name: str) -> object | None"),
-          "A tensor read into new memory of its own, as a DLPack capsule that frees it, or None (a dtype DLPack "
-          "cannot describe). Releases the GIL while reading.")
-      .def(
-          "read_bytes",
-          [](const File& f, std::string_view name) {
-            const TensorInfo* t = check(f.info(name));
-            const auto size = static_cast<Py_ssize_t>(t->nbytes());  // the file was validated: it fits
-            nb::object out = nb::steal(PyByteArray_FromStringAndSize(nullptr, size));
-            if (!out.is_valid()) throw nb::python_error();
-            const std::span<std::byte> dst(reinterpret_cast<std::byte*>(PyByteArray_AS_STRING(out.ptr())),
-                                           static_cast<std::size_t>(size));
-            {
-              nb::gil_scoped_release release;
-              check(f.read_into(*t, dst));
-            }
-            return out;
-          },
-          "name"_a, nb::sig("def read_bytes(self, name: str) -> bytearray"),
-          "A tensor's bytes, read into a new bytearray. Releases the GIL while reading.")
+          "names"_a = nb::none(), "threads"_a = 0, "dlpack"_a = true,
+          nb::sig("def read_all(self, names: list[str] | None = None, threads: int = 0, dlpack: bool = True) -> "
+                  "list[tuple[str, object]]"),
+          "[(name, read(name, dlpack))] for the tensors named (every tensor in file order when None), read in "
+          "parallel with the GIL released.")
       .def(
           "read_into",
           [](const File& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes, bool fresh) {
-            if (fresh) advise_fresh_destination(dest(ptr, nbytes));
-            check(f.read_into(name, dest(ptr, nbytes)));
+            check(without_gil([&] {
+              if (fresh) advise_fresh_destination(dest(ptr, nbytes));
+              return f.read_into(name, dest(ptr, nbytes));
+            }));
           },
-          "name"_a, "ptr"_a, "nbytes"_a, "fresh"_a = false, nb::call_guard<nb::gil_scoped_release>(),
+          "name"_a, "ptr"_a, "nbytes"_a, "fresh"_a = false,
           "Reads a tensor's bytes to the address ptr (nbytes must equal its size). fresh=True: the destination "
           "is a new allocation the caller owns (advise_fresh_destination: kept on 4 KiB pages). Releases the GIL.")
       .def(
@@ -595,36 +400,39 @@ NB_MODULE(_safetensors_cpp, m) {
              unsigned threads, bool fresh) {
             std::vector<ReadRequest> reqs;
             reqs.reserve(items.size());
-            for (const auto& [name, ptr, nbytes] : items) {
-              reqs.push_back({check(f.info(name)), dest(ptr, nbytes)});
-              if (fresh) advise_fresh_destination(reqs.back().dst);
-            }
-            check(f.read_many(reqs, threads));
+            for (const auto& [name, ptr, nbytes] : items) reqs.push_back({check(f.info(name)), dest(ptr, nbytes)});
+            check(without_gil([&] {
+              if (fresh) {
+                for (const ReadRequest& r : reqs) advise_fresh_destination(r.dst);
+              }
+              return f.read_many(reqs, threads);
+            }));
           },
-          "items"_a, "threads"_a = 0, "fresh"_a = false, nb::call_guard<nb::gil_scoped_release>(),
+          "items"_a, "threads"_a = 0, "fresh"_a = false,
           "Reads [(name, ptr, nbytes)] with a pool of threads (fresh: as in read_into). Releases the GIL.")
       .def(
           "read_range",
           [](const File& f, std::uint64_t offset, std::uintptr_t ptr, std::uint64_t nbytes, unsigned threads) {
-            check(f.read_range(offset, dest(ptr, nbytes), threads));
+            check(without_gil([&] { return f.read_range(offset, dest(ptr, nbytes), threads); }));
           },
-          "offset"_a, "ptr"_a, "nbytes"_a, "threads"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
+          "offset"_a, "ptr"_a, "nbytes"_a, "threads"_a = 0,
           "Reads data-buffer bytes [offset, offset + nbytes) to the address ptr, with a pool of threads. "
           "Releases the GIL.")
       .def(
           "plan_slice",
-          [](const File& f, std::string_view name, const std::vector<PyIndex>& spec) {
+          [](const File& f, std::string_view name, nb::sequence spec) {
             const TensorInfo* t = check(f.info(name));
             return check(f.plan_slice(*t, to_indices(spec)));
           },
-          "name"_a, "spec"_a)
+          "name"_a, "spec"_a, nb::sig("def plan_slice(self, name: str, spec: Sequence[int | slice | types.EllipsisType]) -> SlicePlan"),
+          "Plans a basic index expression (ints, slices, Ellipsis, one per axis at most) over a tensor.")
       .def(
           "read_slice",
           [](const File& f, std::string_view name, const SlicePlan& plan, std::uintptr_t ptr) {
             const TensorInfo* t = check(f.info(name));
-            check(f.read_slice(*t, plan, dest(ptr, plan.nbytes())));
+            check(without_gil([&] { return f.read_slice(*t, plan, dest(ptr, plan.nbytes())); }));
           },
-          "name"_a, "plan"_a, "ptr"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "name"_a, "plan"_a, "ptr"_a,
           "Reads the planned slice to the address ptr (plan.nbytes bytes). Releases the GIL.");
 
   m.def(
@@ -637,12 +445,7 @@ NB_MODULE(_safetensors_cpp, m) {
         if (!out.is_valid()) throw nb::python_error();
         std::span<std::byte> dst(reinterpret_cast<std::byte*>(PyBytes_AsString(out.ptr())),
                                  static_cast<std::size_t>(plan.total_size()));
-        Status st;
-        {
-          nb::gil_scoped_release release;
-          st = serialize_into(plan, tensors, dst);
-        }
-        check(std::move(st), Op::kSerialize);
+        check(without_gil([&] { return serialize_into(plan, tensors, dst); }), Op::kSerialize);
         return nb::borrow<nb::bytes>(out);
       },
       "tensors"_a, "metadata"_a = nb::none(),
@@ -654,12 +457,7 @@ NB_MODULE(_safetensors_cpp, m) {
          const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata, bool fsync) {
         std::vector<TensorData> tensors = to_tensor_data(specs);
         std::optional<Metadata> md = to_metadata(metadata);
-        Status st;
-        {
-          nb::gil_scoped_release release;
-          st = save_file(path, tensors, md, WriteOptions{.fsync = fsync});
-        }
-        check(std::move(st), Op::kSerialize);
+        check(without_gil([&] { return save_file(path, tensors, md, WriteOptions{.fsync = fsync}); }), Op::kSerialize);
       },
       "tensors"_a, "path"_a, "metadata"_a = nb::none(), "fsync"_a = false,
       "Writes [(name, dtype code, shape, data_ptr, data_len)] to path atomically. Releases the GIL.");

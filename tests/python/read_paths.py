@@ -72,18 +72,18 @@ def _cpp_paths(file: Any, want: Dict[str, torch.Tensor]) -> Dict[str, Callable[[
         file.read_range(0, ptr, n, threads=2)
         return bytes(buf)[4000:] == b
 
-    def read_owned() -> bool:
-        return torch.equal(torch.from_dlpack(file.read_owned("b")), want["b"])
+    def read() -> bool:
+        return torch.equal(torch.from_dlpack(file.read("b")), want["b"])
 
-    def read_owned_all() -> bool:
-        got = {name: torch.from_dlpack(c) for name, c in file.read_owned_all(2)}
+    def read_all() -> bool:
+        got = {name: torch.from_dlpack(c) for name, c in file.read_all(threads=2)}
         return all(torch.equal(got[k], want[k]) for k in want)
 
-    def read_bytes() -> bool:
-        return bytes(file.read_bytes("b")) == b
+    def read_buffer() -> bool:
+        return bytes(file.read("b", dlpack=False)) == b
 
     def read_slice_columns() -> bool:
-        plan = file.plan_slice("b", [(1, None, None, 1), (1, 3, 5, 1)])
+        plan = file.plan_slice("b", [slice(None, None, 1), slice(3, 5, 1)])
         buf, ptr = _buffer(plan.nbytes)
         file.read_slice("b", plan, ptr)
         return bytes(buf) == want["b"][:, 3:5].numpy().tobytes()
@@ -92,9 +92,9 @@ def _cpp_paths(file: Any, want: Dict[str, torch.Tensor]) -> Dict[str, Callable[[
         "File.read_into": read_into,
         "File.read_many": read_many,
         "File.read_range": read_range,
-        "File.read_owned": read_owned,
-        "File.read_owned_all": read_owned_all,
-        "File.read_bytes": read_bytes,
+        "File.read": read,
+        "File.read_all": read_all,
+        "File.read(dlpack=False)": read_buffer,
         "File.read_slice": read_slice_columns,
     }
 

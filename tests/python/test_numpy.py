@@ -62,10 +62,10 @@ def test_round_trip_every_dtype(tmp_path, backend):
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])
 def test_get_tensor_every_dtype_small_and_large(tmp_path, backend):
-    # get_tensor builds arrays on its own fast paths (an array over the mapping; a bytearray read for small
-    # pread tensors, np.empty above sn._SMALL_READ): every dtype, empty, scalar and large tensors.
+    # get_tensor builds arrays over the mapping (mmap) or over memory a native read filled (pread): every
+    # dtype, empty, scalar and large tensors (above 4 KiB owned reads start on a cache line).
     tensors = every_dtype()
-    tensors["big"] = make(np.dtype(np.float32), (sn._SMALL_READ // 4 + 3, 2), 7)
+    tensors["big"] = make(np.dtype(np.float32), ((1 << 20) // 4 + 3, 2), 7)
     path = tmp_path / "all.safetensors"
     save_file(tensors, path)
     before = path.read_bytes()

@@ -113,7 +113,7 @@ def _chunks(file: "_cpp.File", name: str, info: Info, scratch: _Scratch) -> Iter
         return
     step = max(1, CHUNK_BYTES // (nbytes // rows))
     for start in range(0, rows, step):
-        plan = file.plan_slice(name, [(1, start, min(rows, start + step), 1)])
+        plan = file.plan_slice(name, [slice(start, min(rows, start + step), 1)])
         addr, view = scratch.get(plan.nbytes)
         file.read_slice(name, plan, addr)
         yield view
