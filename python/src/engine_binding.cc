@@ -39,8 +39,7 @@ namespace {
 // Drops `p` with the GIL released when this thread holds it.
 void drop(std::shared_ptr<Prefetcher>& p) {
   if (p && p.use_count() == 1 && PyGILState_Check()) {
-    nb::gil_scoped_release release;
-    p.reset();
+    without_gil([&] { p.reset(); });
   } else {
     p.reset();
   }
@@ -63,19 +62,17 @@ class PyPrefetcher {
   template <typename Fn>
   auto call(Fn&& fn) const {
     std::shared_ptr<Prefetcher> p = ref();
-    nb::gil_scoped_release release;
-    auto out = fn(*p);
-    p.reset();
-    return out;
+    return without_gil([&] {
+      auto out = fn(*p);
+      p.reset();
+      return out;
+    });
   }
 
   void close() {
     std::shared_ptr<Prefetcher> p = std::move(p_);
     if (!p) return;
-    {
-      nb::gil_scoped_release release;
-      p->cancel();
-    }
+    without_gil([&] { p->cancel(); });
     drop(p);
   }
 
@@ -214,10 +211,8 @@ void bind_engine(nb::module_& m) {
             o.chunk_bytes = chunk_bytes;
             o.merge_gap = merge_gap;
             o.max_slabs = max_slabs;
-            Result<std::unique_ptr<Prefetcher>> started = [&] {
-              nb::gil_scoped_release release;
-              return Prefetcher::start(f, std::move(pieces), o);
-            }();
+            Result<std::unique_ptr<Prefetcher>> started =
+                without_gil([&] { return Prefetcher::start(f, std::move(pieces), o); });
             new (self) PyPrefetcher(std::shared_ptr<Prefetcher>(check(std::move(started))));
           },
           "file"_a, "plan"_a, "threads"_a = 8, "chunk_bytes"_a = std::uint64_t{8} << 20, "merge_gap"_a = 0,
@@ -293,8 +288,8 @@ void bind_engine(nb::module_& m) {
       "slab_pool_set_allocator",
       [](std::optional<nb::object> alloc, std::optional<nb::object> free) {
         SlabAllocator a = to_allocator(std::move(alloc), std::move(free));
-        nb::gil_scoped_release release;  // idle slabs of the old allocator are freed now, through it
-        check(SlabPool::global().set_allocator(std::move(a)));
+        // Idle slabs of the old allocator are freed now, through it.
+        check(without_gil([&] { return SlabPool::global().set_allocator(std::move(a)); }));
       },
       "alloc"_a = nb::none(), "free"_a = nb::none(),
       nb::sig("def slab_pool_set_allocator(alloc: collections.abc.Callable[[int], int] | None = None, "
@@ -302,7 +297,7 @@ void bind_engine(nb::module_& m) {
       "Slab memory from alloc(size) -> address (0 on failure), returned by free(address, size); both None: the "
       "default. They run on reader threads (taking the GIL).");
   m.def(
-      "slab_pool_trim", [] { SlabPool::global().trim(); }, nb::call_guard<nb::gil_scoped_release>(),
+      "slab_pool_trim", [] { without_gil([] { SlabPool::global().trim(); }); },
       "Frees every idle slab now.");
   m.def(
       "slab_pool_reset_peak", [] { SlabPool::global().reset_peak(); },

@@ -62,8 +62,10 @@ void bind_sharded(nb::module_& m) {
                          "tensor. Every index rule lives here (and in ShardedFile.open_index, built on it).")
       .def_static(
           "read",
-          [](const std::string& path, std::uint64_t max_bytes) { return check(ShardIndex::read(path, max_bytes)); },
-          "path"_a, "max_bytes"_a = kDefaultMaxHeaderBytes, nb::call_guard<nb::gil_scoped_release>(),
+          [](const std::string& path, std::uint64_t max_bytes) {
+            return check(without_gil([&] { return ShardIndex::read(path, max_bytes); }));
+          },
+          "path"_a, "max_bytes"_a = kDefaultMaxHeaderBytes,
           "Reads and validates the index at path. Releases the GIL.")
       .def_static(
           "parse", [](const std::string& path, std::string_view text) { return check(ShardIndex::parse(path, text)); },
@@ -101,13 +103,15 @@ void bind_sharded(nb::module_& m) {
       .def(
           "select",
           [](const ShardIndex& i, const File& shard, std::size_t s) {
-            std::vector<const TensorInfo*> selected = check(i.select(shard, s));
-            std::vector<std::string> names;
-            names.reserve(selected.size());
-            for (const TensorInfo* t : selected) names.emplace_back(t->name);
-            return names;
+            return without_gil([&] {
+              std::vector<const TensorInfo*> selected = check(i.select(shard, s));
+              std::vector<std::string> names;
+              names.reserve(selected.size());
+              for (const TensorInfo* t : selected) names.emplace_back(t->name);
+              return names;
+            });
           },
-          "shard"_a, "s"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "shard"_a, "s"_a,
           "Names of the tensors of shard (the opened file of shard s) the index assigns to it, in file order. "
           "Raises SafetensorError (TensorNotFound, naming the shard) when it lacks one: the one check that a "
           "shard holds what the index assigns.");
@@ -119,8 +123,7 @@ void bind_sharded(nb::module_& m) {
           "open_index",
           [](const std::string& path, const std::string& backend, std::uint64_t max_header_bytes) {
             OpenOptions options{parse_backend(backend), max_header_bytes};
-            nb::gil_scoped_release release;
-            return check(ShardedFile::open_index(path, options));
+            return check(without_gil([&] { return ShardedFile::open_index(path, options); }));
           },
           "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes,
           "Opens an index and validates it and every shard it names. Releases the GIL.")
@@ -128,8 +131,7 @@ void bind_sharded(nb::module_& m) {
           "open_files",
           [](const std::vector<std::string>& paths, const std::string& backend, std::uint64_t max_header_bytes) {
             OpenOptions options{parse_backend(backend), max_header_bytes};
-            nb::gil_scoped_release release;
-            return check(ShardedFile::open_files(paths, options));
+            return check(without_gil([&] { return ShardedFile::open_files(paths, options); }));
           },
           "paths"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes,
           "Opens every file; a tensor name in two files is an error. Releases the GIL.")
@@ -166,9 +168,9 @@ void bind_sharded(nb::module_& m) {
       .def(
           "read_into",
           [](const ShardedFile& f, std::string_view name, std::uintptr_t ptr, std::uint64_t nbytes) {
-            check(f.read_into(name, dest(ptr, nbytes)));
+            check(without_gil([&] { return f.read_into(name, dest(ptr, nbytes)); }));
           },
-          "name"_a, "ptr"_a, "nbytes"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "name"_a, "ptr"_a, "nbytes"_a,
           "Reads a tensor's bytes to the address ptr (nbytes must equal its size). Releases the GIL.")
       .def(
           "read_many",
@@ -177,9 +179,9 @@ void bind_sharded(nb::module_& m) {
             std::vector<ReadRequest> reqs;
             reqs.reserve(items.size());
             for (const auto& [name, ptr, nbytes] : items) reqs.push_back({check(f.info(name)), dest(ptr, nbytes)});
-            check(f.read_many(reqs, threads));
+            check(without_gil([&] { return f.read_many(reqs, threads); }));
           },
-          "items"_a, "threads"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
+          "items"_a, "threads"_a = 0,
           "Reads [(name, ptr, nbytes)] from any shards with a pool of threads. Releases the GIL.");
 
   nb::class_<ShardPlan>(m, "ShardPlan", "Where each tensor goes: shard file names, members, the index text.")
@@ -222,9 +224,9 @@ void bind_sharded(nb::module_& m) {
   m.def(
       "write_index",
       [](const std::string& directory, const ShardPlan& plan, bool fsync) {
-        check(write_index(directory, plan, WriteOptions{.fsync = fsync}));
+        check(without_gil([&] { return write_index(directory, plan, WriteOptions{.fsync = fsync}); }));
       },
-      "directory"_a, "plan"_a, "fsync"_a = false, nb::call_guard<nb::gil_scoped_release>(),
+      "directory"_a, "plan"_a, "fsync"_a = false,
       "Writes plan.index_json to directory/plan.index_file_name atomically, keeping an existing index's mode "
       "bits; fsync=True syncs the file and the directory. Releases the GIL.");
 
@@ -235,8 +237,7 @@ void bind_sharded(nb::module_& m) {
          bool fsync) {
         std::vector<TensorData> tensors = to_tensor_data(specs);
         ShardingOptions options = sharding_options(max_shard_bytes, prefix, metadata, fsync);
-        nb::gil_scoped_release release;
-        return check(save_sharded(directory, tensors, options));
+        return check(without_gil([&] { return save_sharded(directory, tensors, options); }));
       },
       "directory"_a, "tensors"_a, "max_shard_bytes"_a, "prefix"_a = "model", "metadata"_a = nb::none(),
       "fsync"_a = false,
