@@ -214,8 +214,10 @@ inline Result<torch::ScalarType> torch_dtype_of(const File& file, const TensorIn
 // view is possible (pread backend, read-only memory, misaligned bytes).
 inline Result<std::optional<torch::Tensor>> try_view(const File& file, const TensorInfo& t, torch::ScalarType type,
                                                      const std::vector<std::int64_t>& sizes) {
-  if (file.source()->data() == nullptr) return std::optional<torch::Tensor>();
-  SAFETENSORS_ASSIGN_OR_RETURN(TensorView view, file.view(t));
+  Result<TensorView> asked = file.view(t);
+  // view() of a tensor of the file fails only where there is no mapping (the pread backend).
+  if (!asked.ok()) return std::optional<torch::Tensor>();
+  TensorView view = std::move(asked).value();
   const auto address = reinterpret_cast<std::uintptr_t>(view.bytes.data());
   if (!view.writable || address % c10::elementSize(type) != 0) return std::optional<torch::Tensor>();
   // torch writes through the pointer only into this process's copy-on-write pages (view.writable).
