@@ -132,9 +132,13 @@ def _view_one(reader: _Reader, name: str) -> Any:
 
 
 def _view_all_dlpack(reader: _Reader) -> Dict[str, Any]:
+    views = reader.file.view_all()
+    if not reader.retype:  # every capsule is typed: the constructor alone, per tensor
+        build = reader.adapter.from_dlpack
+        return {name: build(capsule) if capsule is not None else _owned_one(reader, name) for name, capsule in views}
     return {
         name: _from_dlpack(reader, name, capsule) if capsule is not None else _owned_one(reader, name)
-        for name, capsule in reader.file.view_all()
+        for name, capsule in views
     }
 
 
@@ -159,6 +163,9 @@ def _owned_one(reader: _Reader, name: str) -> Any:
 def _owned_all(reader: _Reader) -> Dict[str, Any]:
     file, dlpack = reader.file, reader.adapter.dlpack
     exports = file.read_all(dlpack=dlpack)
+    if dlpack and not reader.retype and reader.deliver is None:  # typed capsules on the CPU: the constructor alone
+        build = reader.adapter.from_dlpack
+        return {name: build(export) for name, export in exports}
     if dlpack:
         return {name: _from_owned(reader, name, export) for name, export in exports}
     return {name: _from_owned(reader, name, export, info) for (name, export), (_, info) in zip(exports, file.infos())}

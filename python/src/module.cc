@@ -151,6 +151,14 @@ std::optional<TensorView> mapped_view(const File& f, const TensorInfo& t) {
   return std::move(v).value();
 }
 
+// The whole data buffer as one U8 tensor of the file, for File::view, which takes a tensor's offsets.
+TensorInfo data_buffer(const File& f) {
+  TensorInfo all;
+  all.dtype = Dtype::kU8;
+  all.end = f.size() - f.data_offset();
+  return all;
+}
+
 // The tensors `names` selects (every tensor in file order when None).
 std::vector<const TensorInfo*> selected(const File& f, const std::optional<std::vector<std::string>>& names) {
   std::vector<const TensorInfo*> out;
@@ -310,10 +318,7 @@ NB_MODULE(_safetensors_cpp, m) {
           "buffer",
           [](nb::handle_t<File> self) -> nb::object {
             const File& f = *nb::inst_ptr<File>(self);
-            // The data buffer viewed as one U8 tensor of the file: File::view takes a tensor's offsets.
-            TensorInfo all;
-            all.dtype = Dtype::kU8;
-            all.end = f.size() - f.data_offset();
+            const TensorInfo all = data_buffer(f);
             std::optional<TensorView> v = mapped_view(f, all);
             if (!v) return nb::none();
             return export_array(all, *v, self, Form::kBuffer);
@@ -339,9 +344,15 @@ NB_MODULE(_safetensors_cpp, m) {
           [](nb::handle_t<File> self) {
             const File& f = *nb::inst_ptr<File>(self);
             const auto& ts = f.tensors();
+            // One view of the data buffer, cut at each tensor's offsets.
+            const std::optional<TensorView> all = mapped_view(f, data_buffer(f));
+            const bool exported = all && all->writable;
             return make_list(ts.size(), [&](std::size_t i) {
-              std::optional<TensorView> v = mapped_view(f, ts[i]);
-              nb::object capsule = v && v->writable ? export_array(ts[i], *v, self, Form::kDlpack) : nb::none();
+              nb::object capsule = nb::none();
+              if (exported) {
+                const TensorView v{all->bytes.subspan(ts[i].begin, ts[i].nbytes()), nullptr, true};
+                capsule = export_array(ts[i], v, self, Form::kDlpack);
+              }
               return nb::make_tuple(make_str(ts[i].name), capsule);
             });
           },
