@@ -1,6 +1,9 @@
 #include "safetensors/dtype.h"
 
+#include <algorithm>
 #include <array>
+#include <cassert>
+#include <cstring>
 
 namespace safetensors {
 
@@ -27,7 +30,55 @@ struct CodeIndex {
 };
 constexpr CodeIndex kCodeIndex;
 
+// One unit of W bytes, reversed. memcpy in and out: the units need not be aligned.
+template <unsigned W>
+void reverse_unit(const std::byte* in, std::byte* out) {
+  if constexpr (W == 2) {
+    std::uint16_t v;
+    std::memcpy(&v, in, 2);
+    v = __builtin_bswap16(v);
+    std::memcpy(out, &v, 2);
+  } else if constexpr (W == 4) {
+    std::uint32_t v;
+    std::memcpy(&v, in, 4);
+    v = __builtin_bswap32(v);
+    std::memcpy(out, &v, 4);
+  } else {
+    static_assert(W == 8);
+    std::uint64_t v;
+    std::memcpy(&v, in, 8);
+    v = __builtin_bswap64(v);
+    std::memcpy(out, &v, 8);
+  }
+}
+
+template <unsigned W>
+void reverse_units(const std::byte* in, std::byte* out, std::size_t n) {
+  for (std::size_t i = 0; i + W <= n; i += W) reverse_unit<W>(in + i, out + i);
+}
+
+void reverse(const std::byte* in, std::byte* out, std::size_t n, unsigned width) {
+  assert((width == 0 || n % width == 0) && "byte swap of a partial unit");
+  switch (width) {
+    case 2: return reverse_units<2>(in, out, n);
+    case 4: return reverse_units<4>(in, out, n);
+    case 8: return reverse_units<8>(in, out, n);
+    default:
+      assert(width <= 1 && "byte swap width must be 0, 1, 2, 4 or 8");
+      if (in != out && n != 0) std::memcpy(out, in, n);
+  }
+}
+
 }  // namespace
+
+void byteswap_units(std::span<std::byte> bytes, unsigned width) {
+  reverse(bytes.data(), bytes.data(), bytes.size(), width);
+}
+
+void byteswap_copy(std::span<const std::byte> src, std::span<std::byte> dst, unsigned width) {
+  assert(src.size() == dst.size());
+  reverse(src.data(), dst.data(), std::min(src.size(), dst.size()), width);
+}
 
 std::optional<Dtype> dtype_from_code(std::string_view code) {
   if (code.empty() || code.size() > kMaxCodeLength) return std::nullopt;

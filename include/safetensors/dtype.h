@@ -10,9 +10,11 @@
 #define SAFETENSORS_DTYPE_H_
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "safetensors/export.h"
@@ -129,6 +131,31 @@ constexpr DtypeKind dtype_kind(Dtype d) { return dtype_info(d).kind; }
 constexpr std::uint8_t dtype_swap_bytes(Dtype d) { return dtype_info(d).swap_bytes; }
 // Sort rank: the writer places higher ranks first.
 constexpr int dtype_rank(Dtype d) { return static_cast<int>(d); }
+
+// Byte order. The format's bytes are little-endian. Every read into caller memory (File::read_into,
+// read_many, read_slice, the Prefetcher's deliveries, the C API and the libtorch adapter) delivers native
+// values, swapping on a big-endian host; the writer turns native values into little-endian bytes without
+// touching the caller's memory. Only the bytes of a zero-copy view (File::view) and of File::read_range,
+// which knows no dtype, are the file's own: a big-endian caller swaps them with swap_to_native().
+static_assert(std::endian::native == std::endian::little || std::endian::native == std::endian::big,
+              "mixed-endian hosts are not supported");
+constexpr bool host_is_little_endian() { return std::endian::native == std::endian::little; }
+// The width of the units this host swaps for dtype `d` (see DtypeInfo::swap_bytes): 0 on a little-endian host.
+constexpr std::uint8_t host_swap_bytes(Dtype d) { return host_is_little_endian() ? 0 : dtype_swap_bytes(d); }
+// True when the file's bytes of `d` are not this host's values: multi-byte types on a big-endian host.
+constexpr bool host_must_swap(Dtype d) { return host_swap_bytes(d) != 0; }
+
+// Reverses the byte order of each `width`-byte unit of `bytes`, on any host (width 0 or 1: nothing).
+// REQUIRES: width is 0, 1, 2, 4 or 8; bytes.size() is a multiple of width.
+SAFETENSORS_EXPORT void byteswap_units(std::span<std::byte> bytes, unsigned width);
+// Copies `src` into `dst` reversing each `width`-byte unit. REQUIRES: as byteswap_units; dst.size() ==
+// src.size(); the two do not overlap.
+SAFETENSORS_EXPORT void byteswap_copy(std::span<const std::byte> src, std::span<std::byte> dst, unsigned width);
+// Turns the file's little-endian bytes of whole `d` elements into native values in place, or native values
+// into the file's bytes (the swap is its own inverse): a no-op where !host_must_swap(d).
+inline void swap_to_native(Dtype d, std::span<std::byte> bytes) {
+  if (host_must_swap(d)) byteswap_units(bytes, host_swap_bytes(d));
+}
 
 // The dtype whose header code is `code` (exact, case-sensitive), or nullopt.
 SAFETENSORS_EXPORT std::optional<Dtype> dtype_from_code(std::string_view code);
