@@ -148,7 +148,9 @@ Status File::read_into(const TensorInfo& tensor, std::span<std::byte> dst) const
     return Error::invalid_argument(path(), "tensor " + quote(tensor.name) + " has " + std::to_string(tensor.nbytes()) +
                                                " bytes but the destination holds " + std::to_string(dst.size()));
   }
-  return read_exact(*state_->source, data_offset() + tensor.begin, dst, read_of(tensor.name));
+  SAFETENSORS_RETURN_IF_ERROR(read_exact(*state_->source, data_offset() + tensor.begin, dst, read_of(tensor.name)));
+  swap_to_native(tensor.dtype, dst);
+  return ok_status();
 }
 
 Result<SlicePlan> File::plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const {
@@ -170,7 +172,9 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
     // Long runs (blocks of rows) are few: they are read like read_many's tensors, in kReadChunk pieces.
     std::vector<ReadPiece> pieces;
     plan.for_each_run([&](const SliceRun& r) {
-      internal::split_read(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), tensor.name, &pieces);
+      // Runs of a multi-byte dtype hold whole elements, so the pieces hold whole swap units.
+      internal::split_read(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), tensor.name,
+                           host_swap_bytes(tensor.dtype), &pieces);
       return true;
     });
     return internal::read_pieces(pieces, plan.nbytes(), 0);
@@ -192,21 +196,23 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   // Only a memory source is copied from directly: a mapping is read with positional reads like a file, so
   // a file that shrank gives kIo instead of SIGBUS.
   if (const std::byte* mem = src.data(); mem != nullptr && src.backend() == Backend::kMemory) {
-    return internal::run_parallel(pieces, threads, [&](std::size_t i) {
+    SAFETENSORS_RETURN_IF_ERROR(internal::run_parallel(pieces, threads, [&](std::size_t i) -> Status {
       const auto [first, count] = piece_runs(i);
       plan.for_each_run(first, count, [&](const SliceRun& r) {
         std::memcpy(dst.data() + r.dest_offset, mem + base + r.source_offset, r.length);
         return true;
       });
       return ok_status();
-    });
+    }));
+    swap_to_native(tensor.dtype, dst);
+    return ok_status();
   }
 
   // Positional reads: a run goes straight into dst; runs of a piece that lie close together in the source
   // are read as one span into the piece's scratch memory and scattered, so many small runs do not cost one
   // syscall each.
   const std::string what = read_of(tensor.name);
-  return internal::run_parallel(pieces, threads, [&](std::size_t i) -> Status {
+  SAFETENSORS_RETURN_IF_ERROR(internal::run_parallel(pieces, threads, [&](std::size_t i) -> Status {
     std::vector<SliceRun> group;
     std::unique_ptr<std::byte[]> scratch;
     std::uint64_t scratch_size = 0;
@@ -253,7 +259,10 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
     });
     if (!status.ok()) return status;
     return flush();
-  });
+  }));
+  // The selected elements are whole, so dst holds whole swap units.
+  swap_to_native(tensor.dtype, dst);
+  return ok_status();
 }
 
 Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
@@ -264,7 +273,8 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
       return Error::invalid_argument(path(), "read_many: destination size does not match tensor " +
                                                  quote(r.tensor ? r.tensor->name : "<null>"));
     }
-    internal::split_read(*state_->source, data_offset() + r.tensor->begin, r.dst, r.tensor->name, &pieces);
+    internal::split_read(*state_->source, data_offset() + r.tensor->begin, r.dst, r.tensor->name,
+                         host_swap_bytes(r.tensor->dtype), &pieces);
     total += r.dst.size();
   }
   return internal::read_pieces(pieces, total, threads);
@@ -303,7 +313,7 @@ Status File::read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned
                                                std::to_string(data_size) + "-byte data buffer");
   }
   std::vector<ReadPiece> pieces;
-  internal::split_read(*state_->source, data_offset() + offset, dst, {}, &pieces);
+  internal::split_read(*state_->source, data_offset() + offset, dst, {}, 0, &pieces);
   return internal::read_pieces(pieces, dst.size(), threads);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "parallel.h"
+#include "safetensors/dtype.h"
 #include "quote.h"
 
 namespace safetensors::internal {
@@ -10,9 +11,9 @@ namespace safetensors::internal {
 std::string read_of(std::string_view tensor) { return "read of tensor " + quote(tensor); }
 
 void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
-                std::vector<ReadPiece>* pieces) {
+                std::uint8_t swap, std::vector<ReadPiece>* pieces) {
   for_each_piece(dst.size(), kReadChunk, [&](std::uint64_t off, std::uint64_t len) {
-    pieces->push_back({&source, source_offset + off, dst.data() + off, len, tensor});
+    pieces->push_back({&source, source_offset + off, dst.data() + off, len, tensor, swap});
   });
 }
 
@@ -22,14 +23,17 @@ Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsig
   for (std::size_t i = 0; i < std::min(pieces.size(), kReadaheadPieces); ++i) {
     pieces[i].source->prefetch(pieces[i].source_offset, pieces[i].length);
   }
-  return run_parallel(pieces.size(), threads, [&](std::size_t i) {
+  return run_parallel(pieces.size(), threads, [&](std::size_t i) -> Status {
     if (i + kReadaheadPieces < pieces.size()) {
       const ReadPiece& ahead = pieces[i + kReadaheadPieces];
       ahead.source->prefetch(ahead.source_offset, ahead.length);
     }
     const ReadPiece& p = pieces[i];
     const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
-    return read_exact(*p.source, p.source_offset, std::span<std::byte>(p.dst, p.length), what);
+    const std::span<std::byte> dst(p.dst, p.length);
+    SAFETENSORS_RETURN_IF_ERROR(read_exact(*p.source, p.source_offset, dst, what));
+    byteswap_units(dst, p.swap);
+    return ok_status();
   });
 }
 

@@ -26,14 +26,20 @@ struct ReadPiece {
   std::byte* dst;
   std::uint64_t length;
   std::string_view tensor;
+  // host_swap_bytes() of the tensor's dtype (0: a data range, or no swap on this host): the piece is swapped
+  // to native values once it landed. Pieces start at multiples of kReadChunk into their tensor or run, so
+  // they hold whole units.
+  std::uint8_t swap = 0;
 };
+static_assert(kReadChunk % 8 == 0, "read pieces must hold whole swap units");
 
 // How a read names itself in errors: the file is the error's context, this adds the tensor.
 std::string read_of(std::string_view tensor);
 
-// Appends [source_offset, source_offset + dst.size()) of `source` as pieces of at most kReadChunk bytes.
+// Appends [source_offset, source_offset + dst.size()) of `source` as pieces of at most kReadChunk bytes, each
+// swapped with width `swap` once read (see ReadPiece::swap).
 void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
-                std::vector<ReadPiece>* pieces);
+                std::uint8_t swap, std::vector<ReadPiece>* pieces);
 
 // Reads every piece with up to `threads` threads (0 = by `total`, the pieces' bytes, and the hardware); the
 // first error wins. Pieces are handed out in order, so pieces of different requests -- or files -- appended

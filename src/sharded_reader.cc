@@ -187,7 +187,8 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
                                                        std::to_string(r.dst.size()));
     }
     // File::open() validated that the tensor lies inside the shard, so this sum cannot overflow.
-    internal::split_read(*shard.source(), shard.data_offset() + r.tensor->begin, r.dst, r.tensor->name, &pieces);
+    internal::split_read(*shard.source(), shard.data_offset() + r.tensor->begin, r.dst, r.tensor->name,
+                         host_swap_bytes(r.tensor->dtype), &pieces);
     total += r.dst.size();
   }
   // Pieces are taken in request order, so threads that start together read different tensors -- and, for

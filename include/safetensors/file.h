@@ -67,7 +67,9 @@ struct TensorInfo {
   std::uint64_t numel() const;
 };
 
-// A tensor's bytes in memory that is kept alive by `owner`.
+// A tensor's bytes in memory that is kept alive by `owner`. The bytes are the file's: little-endian. Where
+// host_must_swap(dtype) (a multi-byte dtype on a big-endian host) they are not native values; copy them and
+// swap_to_native() the copy, or use read_into(), which does both.
 struct TensorView {
   std::span<const std::byte> bytes;
   std::shared_ptr<const void> owner;
@@ -115,14 +117,15 @@ class SAFETENSORS_EXPORT File {
   // The tensor named `name`. Errors: kTensorNotFound.
   Result<const TensorInfo*> info(std::string_view name) const;
 
-  // Zero-copy view of a tensor's bytes. Errors: kTensorNotFound; kInvalidArgument on the pread backend, which
+  // Zero-copy view of a tensor's bytes, as the file holds them (little-endian; see TensorView). Errors: kTensorNotFound; kInvalidArgument on the pread backend, which
   // has no mapping (use read_into()). On the mmap backend the bytes are the mapping itself: touching a page
   // the file no longer backs (it shrank, or fails with EIO underneath) raises SIGBUS, which no error can
   // report; use read_into() where that matters.
   Result<TensorView> view(std::string_view name) const;
   Result<TensorView> view(const TensorInfo& tensor) const;
 
-  // Copies a tensor's bytes into dst. REQUIRES: dst.size() == nbytes() (else kInvalidArgument).
+  // Copies a tensor's values into dst, native-endian (read_many and read_slice too: on a big-endian host the
+  // bytes are swapped in dst after they were read). REQUIRES: dst.size() == nbytes() (else kInvalidArgument).
   // Errors: kTensorNotFound, kInvalidArgument, kIo.
   Status read_into(std::string_view name, std::span<std::byte> dst) const;
   Status read_into(const TensorInfo& tensor, std::span<std::byte> dst) const;
@@ -142,8 +145,9 @@ class SAFETENSORS_EXPORT File {
 
   // Copies bytes [offset, offset + dst.size()) of the data buffer (offsets as in data_offsets) into dst, with
   // up to `threads` threads (0 = by size and hardware). Consecutive tensors are adjacent in the data buffer,
-  // so one call can fill a staging buffer with many of them. Errors: kInvalidArgument (range outside the
-  // data buffer), kIo.
+  // so one call can fill a staging buffer with many of them. The bytes are the file's: a range has no dtype,
+  // so nothing is swapped (a big-endian caller applies swap_to_native to each tensor's part). Errors:
+  // kInvalidArgument (range outside the data buffer), kIo.
   Status read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned threads = 0) const;
 
  private:

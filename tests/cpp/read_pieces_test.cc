@@ -39,7 +39,7 @@ TEST(ReadPiecesTest, SplitsAtTheReadChunkAndReadsEveryByte) {
   auto source = memory_source(*bytes, bytes);
   std::vector<std::byte> dst(n);
   std::vector<ReadPiece> pieces;
-  split_read(*source, 16, dst, "t", &pieces);
+  split_read(*source, 16, dst, "t", 0, &pieces);
   ASSERT_EQ(pieces.size(), 3u);
   EXPECT_EQ(pieces[0].source_offset, 16u);
   EXPECT_EQ(pieces[1].source_offset, 16 + kReadChunk);
@@ -58,12 +58,12 @@ TEST(ReadPiecesTest, AnErrorNamesTheTensorOrTheDataBuffer) {
   faulty->eio_at_offset = 40;
   std::vector<std::byte> dst(32);
   std::vector<ReadPiece> pieces;
-  split_read(*faulty, 32, dst, "w", &pieces);
+  split_read(*faulty, 32, dst, "w", 0, &pieces);
   auto st = read_pieces(pieces, dst.size(), 1);
   EXPECT_ST_ERROR(st, kIo);
   EXPECT_NE(st.error().to_string().find("read of tensor `w`"), std::string::npos) << st.error().to_string();
   pieces.clear();
-  split_read(*faulty, 32, dst, {}, &pieces);
+  split_read(*faulty, 32, dst, {}, 0, &pieces);
   st = read_pieces(pieces, dst.size(), 1);
   EXPECT_ST_ERROR(st, kIo);
   EXPECT_NE(st.error().to_string().find("read of the data buffer"), std::string::npos) << st.error().to_string();
