@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <unordered_set>
@@ -21,6 +22,10 @@ namespace {
 // Tensor bytes are copied out in pieces of at most this many bytes, by a few threads: copying into the page
 // cache or a fresh buffer is CPU work (and page faults) that parallelizes.
 constexpr std::uint64_t kWriteChunk = 8u << 20;
+static_assert(kWriteChunk % 8 == 0, "write pieces must hold whole swap units");
+// A big-endian host swaps native values into scratch memory of at most this many bytes per write call (per
+// thread), then writes the scratch: the caller's memory is never modified.
+constexpr std::uint64_t kSwapScratch = 1u << 20;
 
 struct Piece {
   std::size_t input;
@@ -122,7 +127,7 @@ Result<WritePlan> WritePlan::make(std::span<const TensorData> tensors, const std
     json += std::to_string(*end);
     json += "]}";
     plan.positions_[i] = plan.entries_.size();
-    plan.entries_.push_back({i, offset, *end});
+    plan.entries_.push_back({i, offset, *end, t.dtype});
     offset = *end;
   }
   json.push_back('}');
@@ -158,7 +163,9 @@ Status serialize_into(const WritePlan& plan, std::span<const TensorData> tensors
   return internal::run_parallel(pieces.size(), internal::default_threads(total, kWriteChunk), [&](std::size_t i) {
     const Piece& p = pieces[i];
     const WritePlan::Entry& e = plan.entries()[plan.position_of(p.input)];
-    std::memcpy(out.data() + plan.data_offset() + e.begin + p.offset, p.bytes.data(), p.bytes.size());
+    // The file's little-endian bytes from native values (a plain copy on a little-endian host).
+    byteswap_copy(p.bytes, out.subspan(plan.data_offset() + e.begin + p.offset, p.bytes.size()),
+                  host_swap_bytes(e.dtype));
     return ok_status();
   });
 }
@@ -262,8 +269,27 @@ Status FileWriter::write_part(std::size_t input, std::uint64_t offset, std::span
   if (!end || *end > e.end - e.begin) {
     return Error::invalid_argument(path_, "write: bytes past the end of input " + std::to_string(input));
   }
-  SAFETENSORS_RETURN_IF_ERROR(
-      internal::pwrite_full(file_->fd(), file_->name(), plan_.data_offset() + e.begin + offset, bytes));
+  // Checked on every host, so that a caller that splits badly learns it on the host it develops on.
+  if (const unsigned w = dtype_swap_bytes(e.dtype); w != 0 && (offset % w != 0 || bytes.size() % w != 0)) {
+    return Error::invalid_argument(path_, "write: a part of input " + std::to_string(input) + " (" +
+                                              std::string(dtype_code(e.dtype)) + ") at byte " +
+                                              std::to_string(offset) + " of " + std::to_string(bytes.size()) +
+                                              " bytes splits an element");
+  }
+  // end <= e.end - e.begin, so data_offset + e.begin + offset does not overflow (the plan checked the total).
+  const std::uint64_t at = plan_.data_offset() + e.begin + offset;
+  if (const unsigned w = host_swap_bytes(e.dtype); w == 0) {
+    SAFETENSORS_RETURN_IF_ERROR(internal::pwrite_full(file_->fd(), file_->name(), at, bytes));
+  } else {
+    const std::size_t scratch_size = static_cast<std::size_t>(std::min<std::uint64_t>(kSwapScratch, bytes.size()));
+    auto scratch = std::make_unique_for_overwrite<std::byte[]>(scratch_size);
+    for (std::uint64_t done = 0; done < bytes.size(); done += scratch_size) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(scratch_size, bytes.size() - done));
+      const std::span<std::byte> out(scratch.get(), n);
+      byteswap_copy(bytes.subspan(done, n), out, w);
+      SAFETENSORS_RETURN_IF_ERROR(internal::pwrite_full(file_->fd(), file_->name(), at + done, out));
+    }
+  }
   written_[input].fetch_add(bytes.size(), std::memory_order_relaxed);
   return ok_status();
 }

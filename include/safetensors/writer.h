@@ -39,7 +39,9 @@ class AtomicFile;
 }  // namespace internal
 
 // A tensor to be written: its description and (for the convenience functions) its bytes. The bytes are
-// borrowed; they must stay alive and unchanged until the write returns.
+// borrowed; they must stay alive and unchanged until the write returns. They are native values: on a
+// big-endian host the writer swaps multi-byte dtypes to the format's little-endian order on the way out
+// (through its own bounded scratch memory, or into serialize_into's buffer), never in the caller's memory.
 struct TensorData {
   std::string name;
   Dtype dtype = Dtype::kU8;
@@ -61,6 +63,7 @@ class SAFETENSORS_EXPORT WritePlan {
     std::size_t input;    // index into the tensors given to make()
     std::uint64_t begin;  // data_offsets, relative to the data buffer
     std::uint64_t end;
+    Dtype dtype;
   };
 
   // Plans the file. Only name, dtype, shape and data.size() of each tensor are read.
@@ -131,7 +134,9 @@ class SAFETENSORS_EXPORT FileWriter {
   // Distinct inputs may be written concurrently from different threads.
   Status write(std::size_t input, std::span<const std::byte> bytes);
   // Writes part of input `input`'s bytes, `offset` bytes into the tensor. The parts of one input must cover
-  // it exactly once; parts may be written concurrently. Same requirements and errors as write().
+  // it exactly once; parts may be written concurrently. REQUIRES: a multi-byte dtype's parts hold whole
+  // swap units (offset and size multiples of dtype_swap_bytes, on every host; else kInvalidArgument).
+  // Same requirements and errors as write().
   Status write_part(std::size_t input, std::uint64_t offset, std::span<const std::byte> bytes);
 
   // Makes the file visible at its path: optional fsync, link or rename over the target, optional directory
