@@ -350,6 +350,7 @@ Result<Piece> tensor_piece(const File& file, const TensorInfo& tensor) {
   p.begin = tensor.begin;
   p.end = tensor.end;
   p.tensor = tensor.name;
+  p.swap_bytes = dtype_swap_bytes(tensor.dtype);
   return p;
 }
 
@@ -409,10 +410,29 @@ struct Slot {
   std::uint32_t generation = 0;
 };
 
+// Moves a chunk boundary `end` in (pos, hi) to a whole swap unit of the piece it falls inside, if any: down
+// where that stays after pos, else up (never past the piece's end or hi). Pieces are sorted by begin; the
+// first that contains `end` decides (overlapping pieces agree on their units, see Piece::swap_bytes).
+std::uint64_t align_to_units(std::uint64_t pos, std::uint64_t end, std::uint64_t hi, const std::vector<Piece>& plan,
+                             const std::vector<std::size_t>& pieces) {
+  for (std::size_t i : pieces) {
+    const Piece& p = plan[i];
+    if (p.begin >= end) break;
+    if (p.end <= end || p.swap_bytes <= 1) continue;
+    const std::uint64_t into = (end - p.begin) % p.swap_bytes;
+    if (into == 0) return end;
+    if (end - into > pos) return end - into;
+    return std::min({end - into + p.swap_bytes, p.end, hi});  // <= p.end: no overflow
+  }
+  return end;
+}
+
 // Cuts [lo, hi) into chunks of at most `max` bytes; every boundary inside the range is a page boundary of the
-// file (where a page fits in `max`), so the reads after a range's first start page-aligned.
-void split(std::uint64_t lo, std::uint64_t hi, std::uint64_t max, std::uint64_t data_offset, std::byte* dst,
-           std::vector<Chunk>* out) {
+// file (where a page fits in `max`), so the reads after a range's first start page-aligned, and then a whole
+// swap unit of the piece it cuts (a no-op for the aligned tensors writers produce), so each chunk's part of
+// a piece can be swapped on its own.
+void split(const std::vector<Piece>& plan, const std::vector<std::size_t>& pieces, std::uint64_t lo,
+           std::uint64_t hi, std::uint64_t max, std::uint64_t data_offset, std::byte* dst, std::vector<Chunk>* out) {
   std::uint64_t pos = lo;
   while (pos < hi) {
     std::uint64_t end = hi;
@@ -422,6 +442,7 @@ void split(std::uint64_t lo, std::uint64_t hi, std::uint64_t max, std::uint64_t 
       const std::uint64_t abs = data_offset + end;
       const std::uint64_t aligned = abs - abs % kPage;
       if (aligned > data_offset + pos) end = aligned - data_offset;
+      end = align_to_units(pos, end, hi, plan, pieces);
     }
     out->push_back({pos, end, dst == nullptr ? nullptr : dst + (pos - lo), 0, 0});
     pos = end;
@@ -442,7 +463,7 @@ void chunk_runs(const std::vector<Run>& runs, const std::vector<Piece>& plan, st
                 std::vector<std::pair<std::size_t, Segment>>* segments) {
   for (const Run& run : runs) {
     const std::size_t first = chunks->size();
-    split(run.lo, run.hi, max, data_offset, run.dst, chunks);
+    split(plan, run.pieces, run.lo, run.hi, max, data_offset, run.dst, chunks);
     const auto begin = chunks->begin() + static_cast<std::ptrdiff_t>(first);
     for (std::size_t i : run.pieces) {
       const Piece& p = plan[i];
@@ -608,6 +629,29 @@ struct Prefetcher::Impl {
     return true;
   }
 
+  // On a big-endian host: turns the file's bytes of the chunk's segments, read to `base` (the chunk's first
+  // byte), into native values. Segments of overlapping pieces share bytes, which are swapped once: segments
+  // come in piece order (by begin), so each swaps only what lies past the previous ones, from a unit boundary.
+  void swap_segments(const Chunk& chunk, std::byte* base) const {
+    if constexpr (host_is_little_endian()) {
+      (void)chunk;
+      (void)base;
+    } else {
+      std::uint64_t swapped_to = 0;
+      for (std::size_t k = chunk.first_segment; k < chunk.first_segment + chunk.segments; ++k) {
+        const Segment& seg = segments[k];
+        const unsigned w = plan[seg.piece].swap_bytes;
+        const std::uint64_t end = seg.chunk_offset + seg.length;
+        if (w > 1) {
+          std::uint64_t from = seg.chunk_offset;
+          if (swapped_to > from) from += (swapped_to - from + w - 1) / w * w;
+          if (from < end) byteswap_units(std::span<std::byte>(base + from, end - from), w);
+        }
+        swapped_to = std::max(swapped_to, end);
+      }
+    }
+  }
+
   void land_direct(const Chunk& chunk) EXCLUDES(mu) {
     MutexLock lock(&mu);
     for (std::size_t k = chunk.first_segment; k < chunk.first_segment + chunk.segments; ++k) {
@@ -672,6 +716,7 @@ struct Prefetcher::Impl {
       if (chunk.dst != nullptr) {
         Status st = source->pread_into(data_offset + chunk.lo, std::span<std::byte>(chunk.dst, length));
         if (!st.ok()) return fail(chunk, std::move(st).error());
+        swap_segments(chunk, chunk.dst);
         bytes_direct.fetch_add(length, std::memory_order_relaxed);
         count_read(length);
         land_direct(chunk);
@@ -688,6 +733,7 @@ struct Prefetcher::Impl {
           lease.reset();
           return fail(chunk, std::move(st).error());
         }
+        swap_segments(chunk, lease.data());
         bytes_staged.fetch_add(length, std::memory_order_relaxed);
         count_read(length);
         land_staged(chunk, std::move(lease));

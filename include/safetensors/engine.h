@@ -68,6 +68,11 @@ struct Piece {
   Delivery delivery = Delivery::kStaged;
   // kDirect only: where the bytes go, exactly end - begin bytes. Ignored for kStaged.
   std::span<std::byte> dst;
+  // dtype_swap_bytes of the tensor's dtype (tensor_piece and row_piece set it; 0: bytes without a dtype).
+  // Reads split the piece only at whole units of it, and on a big-endian host its bytes are swapped to native
+  // values before they are delivered (in the destination, or in the slab), so every consumer sees values.
+  // Pieces that overlap must agree on it and on the unit boundaries (pieces of one tensor do).
+  std::uint8_t swap_bytes = 0;
 
   std::uint64_t size() const { return end - begin; }
 };

@@ -199,6 +199,9 @@ void bind_engine(nb::module_& m) {
               p.begin = begin;
               p.end = end;
               p.tensor = name;
+              // The named tensor's dtype gives the swap width (see Piece::swap_bytes): a big-endian host gets
+              // native values in dst and in the slabs.
+              if (const TensorInfo* t = f.find(name)) p.swap_bytes = dtype_swap_bytes(t->dtype);
               if (dst) {
                 p.delivery = Delivery::kDirect;
                 // The size is checked by start(): end < begin is refused there.
