@@ -384,6 +384,22 @@ uint32_t safetensors_dtype_bits(int dtype) {
   return dtype >= 0 && i < safetensors::kDtypeTable.size() ? safetensors::kDtypeTable[i].bits : 0;
 }
 
+uint32_t safetensors_dtype_swap_bytes(int dtype) {
+  const auto i = static_cast<std::size_t>(dtype);
+  return dtype >= 0 && i < safetensors::kDtypeTable.size() ? safetensors::kDtypeTable[i].swap_bytes : 0;
+}
+
+int safetensors_host_must_swap(int dtype) {
+  const auto i = static_cast<std::size_t>(dtype);
+  return dtype >= 0 && i < safetensors::kDtypeTable.size() && safetensors::host_must_swap(safetensors::kDtypeTable[i].dtype);
+}
+
+void safetensors_swap_to_native(int dtype, void* data, size_t len) {
+  const auto i = static_cast<std::size_t>(dtype);
+  if (dtype < 0 || i >= safetensors::kDtypeTable.size() || len == 0) return;
+  safetensors::swap_to_native(safetensors::kDtypeTable[i].dtype, std::span(static_cast<std::byte*>(data), len));
+}
+
 safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len, safetensors_dtype_t* dtype,
                                                safetensors_error_t** error) {
   return guarded(error, [&] {

@@ -45,6 +45,12 @@
        plain values. Tensors are addressed by position (0 <= i < count, in file order);
        a position out of range makes accessors return NULL/0 and fallible functions return
        SAFETENSORS_INVALID_ARGUMENT.
+
+   (8) Byte order. The format is little-endian. Reads into caller memory (read_into, read_slice, read_many,
+       the prefetcher's events) deliver native values: on a big-endian host multi-byte dtypes are swapped
+       after reading. Data given to the save functions is native values too, swapped on the way out without
+       modifying the caller's buffer. A view's bytes are the file's own: where
+       safetensors_host_must_swap(dtype) is 1, copy them and apply safetensors_swap_to_native to the copy.
 */
 #ifndef SAFETENSORS_C_H_
 #define SAFETENSORS_C_H_
@@ -137,6 +143,16 @@ typedef enum safetensors_dtype_t {
 SAFETENSORS_EXPORT const char* safetensors_dtype_code(int dtype);
 /* Bits per element (4 for F4, 6 for F6_*), or 0 for a value outside the enum. */
 SAFETENSORS_EXPORT uint32_t safetensors_dtype_bits(int dtype);
+/* Width in bytes of the units a big-endian host swaps for the dtype (2, 4 or 8; 4 for C64's halves), 0 for
+   8-bit and sub-byte dtypes and for a value outside the enum. */
+SAFETENSORS_EXPORT uint32_t safetensors_dtype_swap_bytes(int dtype);
+/* 1 when this host's values of the dtype differ from the file's bytes (a multi-byte dtype on a big-endian
+   host), else 0 (also for a value outside the enum). See convention (8). */
+SAFETENSORS_EXPORT int safetensors_host_must_swap(int dtype);
+/* Turns [data, data + len), whole elements of the dtype in the file's byte order, into native values in place
+   (and native values into the file's order: the swap is its own inverse). Does nothing where
+   safetensors_host_must_swap(dtype) is 0. REQUIRES: len is a multiple of safetensors_dtype_swap_bytes. */
+SAFETENSORS_EXPORT void safetensors_swap_to_native(int dtype, void* data, size_t len);
 /* The dtype whose header code is exactly [code, code + len). Errors: SAFETENSORS_INVALID_ARGUMENT. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len,
                                                                   safetensors_dtype_t* dtype,
@@ -214,7 +230,8 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_file_read_into(const safetenso
 
 typedef struct safetensors_view_t safetensors_view_t;
 
-/* A view of tensor i's bytes inside the mapping (or the caller's memory). Errors: SAFETENSORS_INVALID_ARGUMENT
+/* A view of tensor i's bytes inside the mapping (or the caller's memory), in the file's little-endian byte
+   order (convention 8). Errors: SAFETENSORS_INVALID_ARGUMENT
    (i out of range; the PREAD backend, which has no mapping: use safetensors_file_read_into). Unlike every
    read, which reports a file that shrank or fails underneath as SAFETENSORS_IO, touching such a page of a
    view raises SIGBUS. */

@@ -14,7 +14,8 @@
 // (copy-on-write) mapping: writable, never writing the file, and keeping the mapping alive for as long as the
 // tensor (or any view of its storage) lives -- after the returned map, and the File, are gone. A tensor whose
 // bytes are not aligned to its element size (possible in files whose header length is not a multiple of 8)
-// is copied instead. With the pread backend (or a mapping that fell back to it) tensors own their memory and
+// is copied instead, and so is every multi-byte tensor on a big-endian host (read into owned memory and
+// swapped to native values; saving swaps back, see writer.h). With the pread backend (or a mapping that fell back to it) tensors own their memory and
 // are read in parallel. For another device the bytes stream through the loading engine (engine.h): reader
 // threads fill host slabs of a bounded SlabPool, each landed chunk is copied into the tensor's device memory,
 // and a slab is recycled only once the device finished copying out of it. Slabs are page-locked where torch
@@ -211,9 +212,11 @@ inline Result<torch::ScalarType> torch_dtype_of(const File& file, const TensorIn
 }
 
 // A CPU tensor over the tensor's bytes in the mapping, kept alive by the tensor; nullopt where no zero-copy
-// view is possible (pread backend, read-only memory, misaligned bytes).
+// view is possible (pread backend, read-only memory, misaligned bytes, and a multi-byte dtype on a big-endian
+// host: the file's little-endian bytes are not its values there, so read_into() copies and swaps them).
 inline Result<std::optional<torch::Tensor>> try_view(const File& file, const TensorInfo& t, torch::ScalarType type,
                                                      const std::vector<std::int64_t>& sizes) {
+  if (host_must_swap(t.dtype)) return std::optional<torch::Tensor>();
   Result<TensorView> asked = file.view(t);
   // view() of a tensor of the file fails only where there is no mapping (the pread backend).
   if (!asked.ok()) return std::optional<torch::Tensor>();
