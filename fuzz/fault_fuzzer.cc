@@ -94,7 +94,7 @@ void run(std::span<const std::byte> input, const Faults& faults, std::uint8_t kn
       FUZZ_CHECK(st.error().to_string().find("read of tensor `") != std::string::npos, st.error().to_string());
     } else {
       FUZZ_CHECK(st.ok(), "read_into away from the faults: " + st.error().to_string());
-      FUZZ_CHECK(same_bytes(bufs[i], want), "read_into of `" + std::string(t.name) + "`");
+      FUZZ_CHECK(same_bytes(bufs[i], native_copy(want, t.dtype)), "read_into of `" + std::string(t.name) + "`");
     }
     requests.push_back({&t, bufs[i]});
 
@@ -120,7 +120,8 @@ void run(std::span<const std::byte> input, const Faults& faults, std::uint8_t kn
   if (!many.ok()) check_io_error(many.error(), "read_many");
   for (std::size_t i = 0; many.ok() && i < bufs.size(); ++i) {
     const TensorInfo& t = f->tensors()[i];
-    FUZZ_CHECK(same_bytes(bufs[i], input.subspan(f->data_offset() + t.begin, t.nbytes())), "read_many");
+    FUZZ_CHECK(same_bytes(bufs[i], native_copy(input.subspan(f->data_offset() + t.begin, t.nbytes()), t.dtype)),
+               "read_many");
   }
 
   std::vector<std::byte> all(f->size() - f->data_offset());

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "safetensors/dtype.h"
 #include "safetensors/error.h"
@@ -41,6 +42,13 @@ inline std::span<const std::byte> as_bytes(const std::uint8_t* data, std::size_t
 
 inline bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
+// Whole `dtype` elements in the file's byte order as this host's values, as reads into caller memory give them.
+inline std::vector<std::byte> native_copy(std::span<const std::byte> file_bytes, Dtype dtype) {
+  std::vector<std::byte> out(file_bytes.begin(), file_bytes.end());
+  swap_to_native(dtype, out);
+  return out;
 }
 
 // The kinds File::open may return for bytes held in memory: the format's own failures (COMPAT.md section 2).

@@ -57,7 +57,7 @@ void check_whole_reads(const File& f, std::span<const std::byte> input, unsigned
     auto& buf = bufs.emplace_back(t.nbytes());
     auto st = f.read_into(t.name, buf);
     FUZZ_CHECK(st.ok(), st.error().to_string());
-    FUZZ_CHECK(same_bytes(buf, want), "read_into of `" + std::string(t.name) + "`");
+    FUZZ_CHECK(same_bytes(buf, native_copy(want, t.dtype)), "read_into of `" + std::string(t.name) + "`");
     std::vector<std::byte> wrong(t.nbytes() + 1);
     auto bad = f.read_into(t, wrong);
     FUZZ_CHECK(!bad.ok() && bad.error().kind() == Error::Kind::kInvalidArgument, "read_into with a wrong size");
@@ -67,7 +67,8 @@ void check_whole_reads(const File& f, std::span<const std::byte> input, unsigned
   auto st = f.read_many(requests, threads);
   FUZZ_CHECK(st.ok(), st.error().to_string());
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    FUZZ_CHECK(same_bytes(bufs[i], expected_bytes(f, f.tensors()[i], input)), "read_many");
+    FUZZ_CHECK(same_bytes(bufs[i], native_copy(expected_bytes(f, f.tensors()[i], input), f.tensors()[i].dtype)),
+               "read_many");
   }
 }
 
@@ -95,7 +96,7 @@ void check_slices(const File& a, const File& b, std::span<const std::byte> input
       auto sb = b.read_slice(tb, *pb, db);
       FUZZ_CHECK(sb.ok(), sb.error().to_string());
       FUZZ_CHECK(same_bytes(da, db), "read_slice of `" + std::string(ta.name) + "` differs between sources");
-      if (spec.empty()) FUZZ_CHECK(same_bytes(da, expected_bytes(a, ta, input)), "whole slice");
+      if (spec.empty()) FUZZ_CHECK(same_bytes(da, native_copy(expected_bytes(a, ta, input), ta.dtype)), "whole slice");
       std::vector<std::byte> wrong(pa->nbytes() + 1);
       auto bad = a.read_slice(ta, *pa, wrong);
       FUZZ_CHECK(!bad.ok() && bad.error().kind() == Error::Kind::kInvalidArgument, "read_slice with a wrong size");
@@ -121,7 +122,7 @@ void check_eio(const File& f, std::span<const std::byte> input, std::uint64_t ei
       check_error_text(st.error());
     } else {
       FUZZ_CHECK(st.ok(), st.error().to_string());
-      FUZZ_CHECK(same_bytes(buf, expected_bytes(f, t, input)), "read_into beside an EIO");
+      FUZZ_CHECK(same_bytes(buf, native_copy(expected_bytes(f, t, input), t.dtype)), "read_into beside an EIO");
     }
     requests.push_back({&t, buf});
     for (const auto& spec : slice_specs(t, knob)) {

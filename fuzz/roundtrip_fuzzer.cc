@@ -25,13 +25,18 @@ namespace safetensors::fuzz {
 namespace {
 
 // The tensors of `f` as writer input, borrowing their bytes from the mapping.
-std::vector<TensorData> tensors_of(const File& f) {
+// The file's tensors as the writer takes them: native values (copies in *values, swapped from the file's
+// little-endian bytes on a big-endian host).
+std::vector<TensorData> tensors_of(const File& f, std::vector<std::vector<std::byte>>* values) {
   std::vector<TensorData> out;
   out.reserve(f.tensors().size());
+  values->clear();
+  values->reserve(f.tensors().size());
   for (const TensorInfo& t : f.tensors()) {
     auto v = f.view(t);
     FUZZ_CHECK(v.ok(), v.error().to_string());
-    out.push_back({std::string(t.name), t.dtype, {t.shape.begin(), t.shape.end()}, v->bytes});
+    values->push_back(native_copy(v->bytes, t.dtype));
+    out.push_back({std::string(t.name), t.dtype, {t.shape.begin(), t.shape.end()}, values->back()});
   }
   return out;
 }
@@ -85,11 +90,14 @@ void check_file_writer(const WritePlan& plan, const std::vector<TensorData>& ten
   const std::size_t part = 1 + knob % 13;
   for (std::size_t i : order) {
     const auto& data = tensors[i].data;
+    // Parts hold whole elements (FileWriter::write_part): the part size rounded up to the swap unit.
+    const std::size_t unit = std::max<std::size_t>(1, dtype_swap_bytes(tensors[i].dtype));
+    const std::size_t whole = (part + unit - 1) / unit * unit;
     std::vector<std::uint64_t> offsets;
-    for (std::uint64_t off = 0; off < data.size(); off += part) offsets.push_back(off);
+    for (std::uint64_t off = 0; off < data.size(); off += whole) offsets.push_back(off);
     if (knob & 4) std::reverse(offsets.begin(), offsets.end());
     for (std::uint64_t off : offsets) {
-      const std::size_t n = std::min<std::uint64_t>(part, data.size() - off);
+      const std::size_t n = std::min<std::uint64_t>(whole, data.size() - off);
       auto st = w->write_part(i, off, data.subspan(off, n));
       FUZZ_CHECK(st.ok(), st.error().to_string());
     }
@@ -117,7 +125,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(is_format_error(original.error().kind()), "unexpected kind: " + original.error().to_string());
     return 0;
   }
-  const auto tensors = tensors_of(*original);
+  std::vector<std::vector<std::byte>> original_values, reopened_values;
+  const auto tensors = tensors_of(*original, &original_values);
   const auto& metadata = original->metadata();
 
   auto plan = WritePlan::make(tensors, metadata);
@@ -149,7 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(std::equal(r->shape.begin(), r->shape.end(), t.shape.begin(), t.shape.end()), "shape of `" + t.name + "`");
     auto v = reopened->view(*r);
     FUZZ_CHECK(v.ok(), v.error().to_string());
-    FUZZ_CHECK(same_bytes(v->bytes, t.data), "bytes of `" + t.name + "`");
+    FUZZ_CHECK(same_bytes(native_copy(v->bytes, t.dtype), t.data), "bytes of `" + t.name + "`");
   }
   // File order is the writer's: dtype rank descending, then name.
   for (std::size_t i = 1; i < reopened->tensors().size(); ++i) {
@@ -162,7 +171,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t knob = size ? data[size - 1] : 0;
   if ((knob >> 3) % 8 == 0) check_file_writer(*plan, tensors, written, knob);
 
-  auto canonical = serialize(tensors_of(*reopened), reopened->metadata());
+  auto canonical = serialize(tensors_of(*reopened, &reopened_values), reopened->metadata());
   FUZZ_CHECK(canonical.ok(), canonical.error().to_string());
   FUZZ_CHECK(same_bytes(*canonical, written), "writing the written file again changed its bytes");
   return 0;

@@ -55,9 +55,11 @@ File open_model(const TempDir& dir, const Model& m, Backend backend, const char*
   return std::move(f).value();
 }
 
+// What a piece delivers: its bytes in the file as native values (swapped on a big-endian host).
 std::vector<std::byte> expected_bytes(const File& f, const Piece& p) {
   std::vector<std::byte> out(p.size());
   EXPECT_TRUE(f.read_range(p.begin, out).ok());
+  if (!host_is_little_endian()) byteswap_units(out, p.swap_bytes);
   return out;
 }
 

@@ -62,6 +62,14 @@ inline std::string raw_file(std::string_view header, std::string_view data = {},
   return out;
 }
 
+// Whole `dtype` elements in the file's (little-endian) byte order as this host's values, as every read into
+// caller memory delivers them: a swapped copy on a big-endian host.
+inline std::vector<std::byte> native_copy(std::span<const std::byte> file_bytes, Dtype dtype) {
+  std::vector<std::byte> out(file_bytes.begin(), file_bytes.end());
+  swap_to_native(dtype, out);
+  return out;
+}
+
 // A directory removed (recursively) when the object dies.
 class TempDir {
  public:
