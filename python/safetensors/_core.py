@@ -7,18 +7,19 @@ only says how to build and unpack its tensors.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import gc
 import importlib
 import os
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
 from . import _strategies
 from ._prefetch import PrefetchLoader, TensorStream
 from ._slicing import parse_index
-from ._strategies import _Reader
+from ._strategies import HOST_SWAPS, _Reader
 
 __all__ = [
     "SafetensorError",
@@ -55,6 +56,20 @@ class DtypeRow(NamedTuple):
 #: The one dtype table, read from the C++ library, in rank order.
 DTYPES: Dict[str, DtypeRow] = {row[0]: DtypeRow(*row) for row in _cpp.dtype_table()}
 _CODE_BY_TORCH_NAME: Dict[str, str] = {r.torch_name: r.code for r in DTYPES.values() if r.torch_name}
+
+# array.array type codes by item size, for to_little_endian.
+_UNIT_TYPECODES = {array.array(t).itemsize: t for t in "QLIH"}
+
+
+def to_little_endian(data: Any, code: str) -> bytes:
+    """The file's bytes for native values of ``code`` (a bytes-like object of whole elements): a byte-swapped
+    copy on a big-endian host (``data`` is left as it is), the bytes themselves elsewhere."""
+    if code not in HOST_SWAPS:
+        return bytes(data)
+    units = array.array(_UNIT_TYPECODES[DTYPES[code].swap_bytes])
+    units.frombytes(data)
+    units.byteswap()
+    return units.tobytes()
 
 _FRAMEWORK_MODULES = {
     "pt": "torch",

@@ -29,13 +29,22 @@ dtypes DLPack has no code for, which arrive as their bytes (``bytes_dtype``); ``
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+import sys
+from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 from . import _safetensors_cpp as _cpp
 
 Info = Tuple[str, Tuple[int, ...], int, int]  # (code, shape, begin, end) in data-buffer offsets
 
 META, VIEW, OWNED, STAGED = "meta", "view", "owned", "staged"
+
+#: Codes whose bytes in a file are not this host's values: the multi-byte types on a big-endian host. Their
+#: tensors are never views of a file: they are read into memory of their own, where the C++ library swaps
+#: them (every read into caller memory gives native values; the binding's view/view_all give None for them),
+#: and saving swaps back on the way out.
+HOST_SWAPS: FrozenSet[str] = frozenset(
+    row[0] for row in _cpp.dtype_table() if row[3] and sys.byteorder == "big"  # row[3]: swap_bytes
+)
 
 #: Codes a DLPack export cannot type: such tensors are exported as their bytes (1-d uint8).
 _UNTYPED = frozenset(row[0] for row in _cpp.dtype_table() if row[4] is None)
@@ -127,6 +136,8 @@ def _view_one_dlpack(reader: _Reader, name: str) -> Any:
 def _view_one(reader: _Reader, name: str) -> Any:
     adapter = reader.adapter
     code, shape, begin, end = reader.file.info(name)
+    if code in HOST_SWAPS:  # the file's bytes are not the values on this host: read (and swapped) instead
+        return _owned_one(reader, name)
     tensor = adapter.view(reader.mv[begin:end], code, shape)
     return tensor if reader.deliver is None else reader.deliver(tensor, reader.device)
 
@@ -145,8 +156,14 @@ def _view_all_dlpack(reader: _Reader) -> Dict[str, Any]:
 def _view_all(reader: _Reader) -> Dict[str, Any]:
     adapter = reader.adapter
     mv, deliver, device = reader.mv, reader.deliver, reader.device
-    out = {name: adapter.view(mv[begin:end], code, shape) for name, (code, shape, begin, end) in reader.file.infos()}
-    return out if deliver is None else {name: deliver(tensor, device) for name, tensor in out.items()}
+    out = {}
+    for name, (code, shape, begin, end) in reader.file.infos():
+        if code in HOST_SWAPS:  # read (and swapped) instead of viewed; _owned_one delivers it
+            out[name] = _owned_one(reader, name)
+        else:
+            tensor = adapter.view(mv[begin:end], code, shape)
+            out[name] = tensor if deliver is None else deliver(tensor, device)
+    return out
 
 
 def _owned_one_dlpack(reader: _Reader, name: str) -> Any:

@@ -158,8 +158,6 @@ def _flatten_specs(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], Lis
     where keep_alive holds the little-endian, packed or contiguous copies the specs point into."""
     if not isinstance(tensor_dict, dict):
         raise ValueError(f"Expected a dict of [str, np.ndarray] but received {type(tensor_dict)}")
-    if sys.byteorder == "big":  # pragma: no cover
-        raise SafetensorError("big-endian hosts are not supported")
     specs = []
     keep_alive = []
     for name, array in tensor_dict.items():
@@ -169,8 +167,9 @@ def _flatten_specs(tensor_dict: Dict[str, np.ndarray]) -> Tuple[List[tuple], Lis
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {array.dtype}, which safetensors cannot store")
         shape = list(array.shape)
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))  # the format is little-endian
+        if not array.dtype.isnative:
+            # The writer takes native values (and writes them little-endian on any host).
+            array = array.astype(array.dtype.newbyteorder("="))
         if code in _PACKED_BITS:
             array = _pack(array, code)
         else:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -25,9 +24,10 @@ from paddle.utils.dlpack import from_dlpack
 
 from . import _engine
 from ._adapter import non_contiguous_message, save_load_functions
-from ._core import DTYPES, SafetensorError
+from ._core import DTYPES, HOST_SWAPS, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
+from ._core import to_little_endian
 from . import numpy  # noqa: F401
 from ._devices import PADDLE, resolve_device
 from .numpy import _CODES as _NUMPY_CODES
@@ -212,10 +212,12 @@ def _to_ndarray(tensor: paddle.Tensor, name: str) -> Tuple[np.ndarray, Any]:
     ptr = tensor.data_ptr()
     if ptr == 0:
         return np.empty(0), 0
-    if sys.byteorder == "big":  # pragma: no cover
-        raise SafetensorError("big-endian hosts are not supported")
     nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * _SIZE[tensor.dtype]
-    return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8), tensor
+    data = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8)
+    code = _CODES[tensor.dtype]
+    if code in HOST_SWAPS:  # the file's little-endian bytes, in a copy: the tensor is left as it is
+        data = np.frombuffer(to_little_endian(data, code), dtype=np.uint8)
+    return data, tensor
 
 
 def _flatten(tensors: Dict[str, paddle.Tensor], keep_alive_buffer: List) -> Dict[str, TensorSpec]:
@@ -237,8 +239,6 @@ def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List
     for name, value in tensors.items():
         if not isinstance(value, paddle.Tensor):
             raise ValueError(f"Key `{name}` is invalid, expected paddle.Tensor but received {type(value)}")
-    if sys.byteorder == "big":  # pragma: no cover
-        raise SafetensorError("big-endian hosts are not supported")
     specs = []
     keep_alive = []
     for name, value in tensors.items():

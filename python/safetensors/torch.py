@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import ctypes
-import sys
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
 from ._adapter import non_contiguous_message as _non_contiguous_message, save_load_functions
-from ._core import DTYPES, Framework, PathLike, SafetensorError
+from ._core import DTYPES, HOST_SWAPS, Framework, PathLike, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
+from ._core import to_little_endian
 from ._devices import resolve_torch_device
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
@@ -299,9 +299,7 @@ def _tobytes(tensor: torch.Tensor, name: str) -> bytes:
     nbytes = tensor.nelement() * _SIZE[tensor.dtype]
     if nbytes == 0:
         return b""
-    if sys.byteorder == "big":
-        raise SafetensorError("big-endian hosts are not supported")
-    return ctypes.string_at(tensor.data_ptr(), nbytes)
+    return to_little_endian(ctypes.string_at(tensor.data_ptr(), nbytes), _CODES[tensor.dtype])
 
 
 def _to_ndarray(tensor: torch.Tensor) -> Tuple[Any, Any]:
@@ -316,10 +314,12 @@ def _to_ndarray(tensor: torch.Tensor) -> Tuple[Any, Any]:
     ptr = tensor.data_ptr()
     if ptr == 0:
         return np.empty(0), 0
-    if sys.byteorder == "big":
-        raise SafetensorError("big-endian hosts are not supported")
     nbytes = tensor.nelement() * _SIZE[tensor.dtype]
-    return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8), tensor
+    data = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8)
+    code = _CODES[tensor.dtype]
+    if code in HOST_SWAPS:  # the file's little-endian bytes, in a copy: the tensor is left as it is
+        data = np.frombuffer(to_little_endian(data, code), dtype=np.uint8)
+    return data, tensor
 
 
 # -- saving ------------------------------------------------------------------------------------------------

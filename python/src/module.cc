@@ -332,7 +332,8 @@ NB_MODULE(_safetensors_cpp, m) {
             const File& f = *nb::inst_ptr<File>(self);
             const TensorInfo* t = check(f.info(name));
             std::optional<TensorView> v = mapped_view(f, *t);
-            if (!v || !v->writable) return nb::none();
+            // A multi-byte dtype on a big-endian host: the file's bytes are not its values; the caller reads.
+            if (!v || !v->writable || host_must_swap(t->dtype)) return nb::none();
             return export_array(*t, *v, self, Form::kDlpack);
           },
           "name"_a, nb::sig("def view(self, name: str) -> object | None"),
@@ -349,7 +350,7 @@ NB_MODULE(_safetensors_cpp, m) {
             const bool exported = all && all->writable;
             return make_list(ts.size(), [&](std::size_t i) {
               nb::object capsule = nb::none();
-              if (exported) {
+              if (exported && !host_must_swap(ts[i].dtype)) {
                 const TensorView v{all->bytes.subspan(ts[i].begin, ts[i].nbytes()), nullptr, true};
                 capsule = export_array(ts[i], v, self, Form::kDlpack);
               }
