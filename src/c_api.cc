@@ -776,6 +776,7 @@ safetensors_code_t safetensors_prefetch_start(const safetensors_file_t* file, co
       p.begin = c.begin;
       p.end = c.end;
       p.tensor = t->name;
+      p.swap_bytes = safetensors::dtype_swap_bytes(t->dtype);  // native values in events (convention 8)
       if (c.delivery == SAFETENSORS_DELIVERY_DIRECT) {
         p.delivery = safetensors::Delivery::kDirect;
         p.dst = std::span<std::byte>(static_cast<std::byte*>(c.dst), c.dst_len);
