@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libsimdjson-dev libgtest-dev libbenchmark-dev   # the C++ library and its tests (versions: Debian 12)
   clang libclang-rt-14-dev llvm                   # sanitizers and libFuzzer
   fuse3 libfuse3-3                                # fusermount3 + libfuse3 for the FUSE fault tests (mfusepy)
+  qemu-user-static g++-s390x-linux-gnu mmdebstrap # the big-endian stage (s390x under qemu: scripts/s390x-root.sh)
 )
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
