@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from safetensors import _core, safe_open
-import safetensors.numpy as sn
+from safetensors import _core, _strategies, safe_open
 from safetensors.numpy import save_file
 
 
@@ -37,14 +36,13 @@ def test_to_little_endian_swaps_each_unit_and_leaves_the_data(monkeypatch: pytes
 def test_swapped_codes_are_read_into_owned_memory_not_viewed(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = str(tmp_path / "f.safetensors")
     save_file({"w": np.arange(6, dtype=np.float32), "b": np.arange(4, dtype=np.uint8)}, path)
-    # Pretend the host swaps F32: on mmap it must take the read path (owned memory); U8 stays a view. (torch's
-    # zero-copy export is refused in C++ by host_must_swap, which this host cannot pretend.)
-    monkeypatch.setattr(_core, "HOST_SWAPS", frozenset({"F32"}))
-    monkeypatch.setattr(sn, "HOST_SWAPS", frozenset({"F32"}))
+    # Pretend the host swaps F32: on mmap it must take the read path (owned memory); U8 stays a view. (The
+    # binding's DLPack views are refused in C++ by host_must_swap, which this host cannot pretend.)
+    monkeypatch.setattr(_strategies, "HOST_SWAPS", frozenset({"F32"}))
     with safe_open(path, "np", backend="mmap") as f:
         w, b = f.get_tensor("w"), f.get_tensor("b")
-        buffer = np.frombuffer(f._open().memoryview(), dtype=np.uint8)
-        all_w = f.get_tensors()["w"]
+        buffer = np.frombuffer(f._open().file.buffer(), dtype=np.uint8)
+        all_w, all_b = f.get_tensors()["w"], f.get_tensors()["b"]
     inside = lambda a: buffer.ctypes.data <= a.ctypes.data < buffer.ctypes.data + buffer.size  # noqa: E731
-    assert not inside(w) and not inside(all_w) and inside(b)
+    assert not inside(w) and not inside(all_w) and inside(b) and inside(all_b)
     assert w.tolist() == all_w.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
