@@ -44,8 +44,9 @@ import torch
 import torch.distributed as dist
 
 from . import _safetensors_cpp as _cpp
-from ._core import PathLike, SafetensorError, _fspath
+from ._core import DTYPES, PathLike, SafetensorError, _fspath
 from ._devices import resolve_torch_device
+from ._strategies import HOST_SWAPS
 from .torch import _torch_dtype, _torch_shape
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "LoadStats", "load_file", "load_sharded", "schedule"]
@@ -524,6 +525,7 @@ def _load(source: Any, device: Any, group: Optional[dist.ProcessGroup], plan: Pl
         text = _failures_text(final, grp.world, "reading")
         if text is not None:
             raise SafetensorError(text) from mover.failed_cause
+        _to_native(out, pieces)
     if comm != target:
         out = {name: tensor.to(target) for name, tensor in out.items()}
     stats.seconds = time.perf_counter() - started
@@ -680,6 +682,18 @@ class _Mover:
             for view, offset, at, n in pending.segments:
                 view[offset : offset + n].copy_(pending.buffer[at : at + n])
             self.staging.put(pending.buffer)
+
+
+def _to_native(out: Dict[str, torch.Tensor], pieces: List[List[Piece]]) -> None:
+    """Byte-swaps, in place, the tensors whose file bytes are not this host's values (multi-byte types on a
+    big-endian host: HOST_SWAPS). The ranks move the file's little-endian bytes between them as they are,
+    so the swap happens once, here, on every rank, after its bytes arrived."""
+    for file_pieces in pieces:
+        for name, (code, _shape, begin, end) in file_pieces:
+            if code not in HOST_SWAPS or end <= begin:
+                continue
+            units = out[name].reshape(-1).view(torch.uint8).view(-1, DTYPES[code].swap_bytes)
+            units.copy_(units.flip(1))
 
 
 def _read_chunk(file: Any, offset: int, dst: torch.Tensor) -> None:

@@ -46,3 +46,40 @@ def test_swapped_codes_are_read_into_owned_memory_not_viewed(tmp_path, monkeypat
     inside = lambda a: buffer.ctypes.data <= a.ctypes.data < buffer.ctypes.data + buffer.size  # noqa: E731
     assert not inside(w) and not inside(all_w) and inside(b) and inside(all_b)
     assert w.tolist() == all_w.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_distributed_loads_swap_each_tensor_once_after_its_bytes_arrived(tmp_path, monkeypatch) -> None:
+    """The distributed loader moves the file's bytes between ranks as they are; on a big-endian host (here
+    pretended through its HOST_SWAPS) each rank swaps its tensors once, whole tensors and row ranges alike."""
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    from safetensors import distributed
+    from safetensors.torch import save_file as save_torch
+
+    g = torch.Generator().manual_seed(15)
+    tensors = {
+        "f32": torch.randn(6, 5, generator=g),
+        "c64": torch.randn(4, 3, generator=g, dtype=torch.complex64),
+        "i16": torch.randint(-3000, 3000, (7,), generator=g, dtype=torch.int16),
+        "u8": torch.randint(0, 255, (9,), generator=g, dtype=torch.uint8),
+    }
+    path = tmp_path / "be.safetensors"
+    save_torch(tensors, str(path))
+    widths = {"f32": 4, "c64": 4, "i16": 2}
+
+    def swapped(t, width):
+        units = t.reshape(-1).view(torch.uint8).view(-1, width).flip(1).contiguous()
+        return units.view(-1).view(t.dtype).reshape(t.shape)
+
+    monkeypatch.setattr(distributed, "HOST_SWAPS", frozenset({"F32", "C64", "I16"}))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        whole = distributed.load_file(str(path))
+        rows = distributed.load_file(str(path), plan={"f32": slice(2, 5), "i16": None})
+    finally:
+        dist.destroy_process_group()
+    for name, t in tensors.items():
+        want = swapped(t, widths[name]) if name in widths else t
+        assert torch.equal(whole[name].view(torch.uint8), want.view(torch.uint8)), name
+    assert torch.equal(rows["f32"].view(torch.uint8), swapped(tensors["f32"][2:5], 4).view(torch.uint8))
+    assert torch.equal(rows["i16"].view(torch.uint8), swapped(tensors["i16"], 2).view(torch.uint8))
