@@ -80,12 +80,8 @@ static void* worker(void* arg) {
     if (off >= j->bytes) return NULL;
     size_t n = j->bytes - off < piece ? j->bytes - off : piece;
     switch (j->op) {
-      case OP_MEMCPY:
-        memcpy(j->dst + off, j->src + off, n);
-        break;
-      case OP_TOUCH:
-        memset(j->dst + off, 0x5a, n);
-        break;
+      case OP_MEMCPY: memcpy(j->dst + off, j->src + off, n); break;
+      case OP_TOUCH: memset(j->dst + off, 0x5a, n); break;
       case OP_WRITE:
         while (n) {
           ssize_t put = pwrite(j->fd, j->src + off, n, (off_t)off);
@@ -132,9 +128,12 @@ static void sync_dir_of(const char* path) {
   char dir[4096];
   snprintf(dir, sizeof dir, "%s", path);
   char* slash = strrchr(dir, '/');
-  if (slash == NULL) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) dir[1] = 0;
-  else *slash = 0;
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = 0;
+  else
+    *slash = 0;
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0 || fsync(fd) != 0) die("fsync directory");
   close(fd);
@@ -161,8 +160,9 @@ static int write_file(struct job* j, const char* path, unsigned threads, int rep
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    fprintf(stderr, "usage: ceilings memcpy BYTES THREADS REPS | ceilings touch BYTES THREADS REPS [HUGE [IDLE]] | "
-                    "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
+    fprintf(stderr,
+            "usage: ceilings memcpy BYTES THREADS REPS | ceilings touch BYTES THREADS REPS [HUGE [IDLE]] | "
+            "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
     return 2;
   }
   const char* opname = argv[1];

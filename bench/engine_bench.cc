@@ -52,9 +52,8 @@ Fixture& fixture() {
 std::uint64_t total_bytes() { return kTensorBytes * kTensors; }
 
 void set_rate(benchmark::State& state) {
-  state.counters["GB/s"] =
-      benchmark::Counter(static_cast<double>(total_bytes()) * static_cast<double>(state.iterations()) / 1e9,
-                         benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(total_bytes()) * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
 void BM_ReadMany(benchmark::State& state) {

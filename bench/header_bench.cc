@@ -36,8 +36,8 @@ void BM_OpenHeader(benchmark::State& state) {
     benchmark::DoNotOptimize(f);
   }
   state.counters["tensors"] = static_cast<double>(state.range(0));
-  state.counters["header_MB/s"] = benchmark::Counter(static_cast<double>(bytes->size()) * state.iterations() / 1e6,
-                                                     benchmark::Counter::kIsRate);
+  state.counters["header_MB/s"] =
+      benchmark::Counter(static_cast<double>(bytes->size()) * state.iterations() / 1e6, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_OpenHeader)->Arg(1000)->Arg(20000)->Arg(100000)->Unit(benchmark::kMillisecond);
 

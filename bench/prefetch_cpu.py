@@ -114,8 +114,8 @@ def main() -> None:
     first = statistics.median(s["first"] for s in samples["prefetch"])
     print(f"CPU prefetch, {size / 2**30:.2f} GiB, {samples['prefetch'][0]['tensors']} tensors, warm, "
           f"median of {args.reps} fresh processes, load average {os.getloadavg()[0]:.1f}")
-    print(f"| implementation | seconds | GB/s | vs warm pread ceiling |")
-    print(f"|---|---|---|---|")
+    print("| implementation | seconds | GB/s | vs warm pread ceiling |")
+    print("|---|---|---|---|")
     for m in modes:
         print(f"| {m} | {med[m]:.3f} | {size / med[m] / 1e9:.2f} | {med['ceiling'] / med[m]:.0%} |")
     print(f"prefetch: first tensor after {first * 1e3:.1f} ms, last after {med['prefetch'] * 1e3:.0f} ms")

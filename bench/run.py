@@ -351,7 +351,7 @@ class Ceilings:
             return
         best = None
         try:
-            for threads, thunk in runs:
+            for _threads, thunk in runs:
                 r = thunk()
                 if best is None or statistics.median(r["seconds"]) < statistics.median(best["seconds"]):
                     best = r
@@ -454,14 +454,14 @@ class Bench:
             if len(items) > 1:
                 print(f"[{time.monotonic() - self.res.t0:6.0f}s] {items[0][1]:>2} {items[0][2]:<28} "
                       f"round {i + 1} of {reps} over {len(items)} measurements", flush=True)
-            for j, (key, case, group, label, server, request, vary) in enumerate(items):
+            for j, (_key, _case, _group, _label, server, request, vary) in enumerate(items):
                 if errors[j]:
                     continue
                 try:
                     samples[j].append(self.servers[server](dict(request, **({vary: i % 8} if vary else {}))))
                 except MeasurementError as e:
                     errors[j] = str(e)
-        for j, (key, case, group, label, server, request, vary) in enumerate(items):
+        for j, (key, case, group, label, _server, _request, _vary) in enumerate(items):
             if errors[j]:
                 self.res.fail(key, case, group, label, errors[j])
                 continue

@@ -484,11 +484,11 @@ def prime() -> None:
                 f.get_slice("b")[1:2]
 
         for backend in ("mmap", "pread"):
-            attempt(f"load_file {backend}", lambda: load_file(st, backend=backend))
+            attempt(f"load_file {backend}", lambda backend=backend: load_file(st, backend=backend))
             for framework in ("pt", "np"):
-                attempt(f"safe_open {framework} {backend}", lambda: use(framework, backend))
+                attempt(f"safe_open {framework} {backend}", lambda fw=framework, be=backend: use(fw, be))
         for mmap_ in (False, True):
-            attempt("torch.load", lambda: torch.load(pt, weights_only=True, mmap=mmap_))
+            attempt("torch.load", lambda mmap_=mmap_: torch.load(pt, weights_only=True, mmap=mmap_))
         np.fromfile(st, dtype=np.uint8, offset=_data_offset(st))
         {k: v.clone().contiguous() for k, v in state.items()}
 

@@ -25,7 +25,9 @@ st::Result<st::ShardPlan> write_demo(const std::string& dir, std::vector<std::ve
   for (int layer = 0; layer < 8; ++layer) {
     std::vector<float>& w = storage->emplace_back(64 * 64);
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(layer) + static_cast<float>(i) / 4096.0f;
-    tensors.push_back({"layers." + std::to_string(layer) + ".weight", st::Dtype::kF32, {64, 64},
+    tensors.push_back({"layers." + std::to_string(layer) + ".weight",
+                       st::Dtype::kF32,
+                       {64, 64},
                        std::as_bytes(std::span<const float>(w))});
   }
   std::vector<float>& bias = storage->emplace_back(64, 0.5f);

@@ -31,9 +31,9 @@ namespace safetensors::fuzz {
 }
 
 // FUZZ_CHECK(cond, what): aborts with `what` (a std::string expression, evaluated only on failure).
-#define FUZZ_CHECK(cond, what)                                                   \
-  do {                                                                           \
-    if (!(cond)) ::safetensors::fuzz::fail(__FILE__, __LINE__, #cond, (what));   \
+#define FUZZ_CHECK(cond, what)                                                 \
+  do {                                                                         \
+    if (!(cond)) ::safetensors::fuzz::fail(__FILE__, __LINE__, #cond, (what)); \
   } while (0)
 
 inline std::span<const std::byte> as_bytes(const std::uint8_t* data, std::size_t size) {
@@ -64,10 +64,8 @@ inline bool is_format_error(Error::Kind k) {
     case Error::Kind::kValidationOverflow:
     case Error::Kind::kMisalignedSlice:
     case Error::Kind::kTensorInvalidInfo:
-    case Error::Kind::kMetadataIncompleteBuffer:
-      return true;
-    default:
-      return false;
+    case Error::Kind::kMetadataIncompleteBuffer: return true;
+    default: return false;
   }
 }
 

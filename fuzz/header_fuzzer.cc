@@ -21,8 +21,7 @@ namespace {
 
 // parse_header_json over a copy of `json` followed by exactly kJsonPadding bytes of `fill`: ASan reports a
 // read past the padding, and the result must not depend on what the padding holds.
-Result<internal::ParsedHeader> parse_padded(std::span<const std::byte> json, std::uint64_t data_length,
-                                            char fill) {
+Result<internal::ParsedHeader> parse_padded(std::span<const std::byte> json, std::uint64_t data_length, char fill) {
   auto buf = std::make_unique<char[]>(json.size() + internal::kJsonPadding);
   if (!json.empty()) std::memcpy(buf.get(), json.data(), json.size());
   std::memset(buf.get() + json.size(), fill, internal::kJsonPadding);
@@ -44,8 +43,7 @@ void check_same_tensors(const std::vector<TensorInfo>& a, const std::vector<Tens
 void check_same(const Result<internal::ParsedHeader>& a, const Result<internal::ParsedHeader>& b) {
   FUZZ_CHECK(a.ok() == b.ok(), std::string("one parse failed: ") + (a.ok() ? b : a).error().to_string());
   if (!a.ok()) {
-    FUZZ_CHECK(a.error().to_string() == b.error().to_string(),
-               a.error().to_string() + " vs " + b.error().to_string());
+    FUZZ_CHECK(a.error().to_string() == b.error().to_string(), a.error().to_string() + " vs " + b.error().to_string());
     return;
   }
   FUZZ_CHECK(a->header_length == b->header_length, "header_length differs");

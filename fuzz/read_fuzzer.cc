@@ -49,7 +49,8 @@ void check_whole_reads(const File& f, std::span<const std::byte> input, unsigned
     auto v = f.view(t);
     if (mapped) {
       FUZZ_CHECK(v.ok(), v.error().to_string());
-      FUZZ_CHECK(v->bytes.data() == want.data() && v->bytes.size() == want.size(), "view of `" + std::string(t.name) + "`");
+      FUZZ_CHECK(v->bytes.data() == want.data() && v->bytes.size() == want.size(),
+                 "view of `" + std::string(t.name) + "`");
       FUZZ_CHECK(!v->writable, "a memory source is not writable");
     } else {
       FUZZ_CHECK(!v.ok() && v.error().kind() == Error::Kind::kInvalidArgument, "view without a mapping");
@@ -83,8 +84,9 @@ void check_slices(const File& a, const File& b, std::span<const std::byte> input
       auto pb = b.plan_slice(tb, spec);
       FUZZ_CHECK(pa.ok() == pb.ok(), "plan_slice differs between sources");
       if (!pa.ok()) {
-        FUZZ_CHECK(pa.error().kind() == Error::Kind::kInvalidSlice || pa.error().kind() == Error::Kind::kMisalignedSlice,
-                   pa.error().to_string());
+        FUZZ_CHECK(
+            pa.error().kind() == Error::Kind::kInvalidSlice || pa.error().kind() == Error::Kind::kMisalignedSlice,
+            pa.error().to_string());
         FUZZ_CHECK(pa.error().to_string() == pb.error().to_string(), "plan errors differ");
         continue;
       }
@@ -118,7 +120,8 @@ void check_eio(const File& f, std::span<const std::byte> input, std::uint64_t ei
     auto& buf = bufs.emplace_back(t.nbytes());
     auto st = f.read_into(t, buf);
     if (hit) {
-      FUZZ_CHECK(!st.ok() && st.error().kind() == Error::Kind::kIo, "EIO not reported for `" + std::string(t.name) + "`");
+      FUZZ_CHECK(!st.ok() && st.error().kind() == Error::Kind::kIo,
+                 "EIO not reported for `" + std::string(t.name) + "`");
       check_error_text(st.error());
     } else {
       FUZZ_CHECK(st.ok(), st.error().to_string());

@@ -43,8 +43,7 @@ std::vector<TensorData> tensors_of(const File& f, std::vector<std::vector<std::b
 
 // A private directory for the written files, removed at exit.
 struct ScratchDir {
-  ScratchDir()
-      : path(std::filesystem::temp_directory_path() / ("st_fuzz_roundtrip_" + std::to_string(::getpid()))) {
+  ScratchDir() : path(std::filesystem::temp_directory_path() / ("st_fuzz_roundtrip_" + std::to_string(::getpid()))) {
     std::filesystem::create_directories(path);
   }
   ~ScratchDir() {
@@ -66,9 +65,8 @@ void check_file_writer(const WritePlan& plan, const std::vector<TensorData>& ten
   const std::string previous = "the previous file";
   std::ofstream(path, std::ios::binary | std::ios::trunc) << previous;
 
-  const auto first_nonempty = std::find_if(tensors.begin(), tensors.end(), [](const TensorData& t) {
-    return !t.data.empty();
-  });
+  const auto first_nonempty =
+      std::find_if(tensors.begin(), tensors.end(), [](const TensorData& t) { return !t.data.empty(); });
   if (first_nonempty != tensors.end() && (knob & 1)) {
     auto w = FileWriter::create(path, plan);
     FUZZ_CHECK(w.ok(), w.error().to_string());
@@ -105,8 +103,9 @@ void check_file_writer(const WritePlan& plan, const std::vector<TensorData>& ten
   auto st = w->finish();
   FUZZ_CHECK(st.ok(), st.error().to_string());
   const std::string got = read_file(path);
-  FUZZ_CHECK(same_bytes(std::span<const std::byte>(reinterpret_cast<const std::byte*>(got.data()), got.size()), expected),
-             "FileWriter wrote different bytes than serialize_into");
+  FUZZ_CHECK(
+      same_bytes(std::span<const std::byte>(reinterpret_cast<const std::byte*>(got.data()), got.size()), expected),
+      "FileWriter wrote different bytes than serialize_into");
 }
 
 Result<File> open_owned(std::vector<std::byte> bytes) {
@@ -132,9 +131,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto plan = WritePlan::make(tensors, metadata);
   if (!plan.ok()) {
     // Only a header that grows past the cap may fail (escapes can lengthen it, padding adds up to 7 bytes).
-    FUZZ_CHECK(plan.error().kind() == Error::Kind::kHeaderTooLarge &&
-                   original->header_length() + 8 > kDefaultMaxHeaderBytes,
-               "writer refused what the reader accepted: " + plan.error().to_string());
+    FUZZ_CHECK(
+        plan.error().kind() == Error::Kind::kHeaderTooLarge && original->header_length() + 8 > kDefaultMaxHeaderBytes,
+        "writer refused what the reader accepted: " + plan.error().to_string());
     return 0;
   }
   FUZZ_CHECK(plan->data_offset() % 8 == 0, "header not padded to 8");
@@ -155,7 +154,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const TensorInfo* r = reopened->find(t.name);
     FUZZ_CHECK(r != nullptr, "tensor `" + t.name + "` lost");
     FUZZ_CHECK(r->dtype == t.dtype, "dtype of `" + t.name + "`");
-    FUZZ_CHECK(std::equal(r->shape.begin(), r->shape.end(), t.shape.begin(), t.shape.end()), "shape of `" + t.name + "`");
+    FUZZ_CHECK(std::equal(r->shape.begin(), r->shape.end(), t.shape.begin(), t.shape.end()),
+               "shape of `" + t.name + "`");
     auto v = reopened->view(*r);
     FUZZ_CHECK(v.ok(), v.error().to_string());
     FUZZ_CHECK(same_bytes(native_copy(v->bytes, t.dtype), t.data), "bytes of `" + t.name + "`");

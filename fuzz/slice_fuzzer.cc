@@ -298,7 +298,8 @@ void check_small(const Case& c, const Expected& e) {
     FUZZ_CHECK(e.outcome == Outcome::kOk, "overflow in a small tensor");
     const auto elems = source_elements(c, e);
     if (!byte_aligned(elems, bits)) {
-      FUZZ_CHECK(!plan.ok() && plan.error().kind() == Error::Kind::kMisalignedSlice, "expected kMisalignedSlice: " + what);
+      FUZZ_CHECK(!plan.ok() && plan.error().kind() == Error::Kind::kMisalignedSlice,
+                 "expected kMisalignedSlice: " + what);
       continue;
     }
     FUZZ_CHECK(plan.ok(), plan.error().to_string() + " for " + what);

@@ -187,8 +187,8 @@ std::vector<std::string> copy_names(const std::vector<safetensors::TensorInfo>& 
 }
 
 Error out_of_range(const std::string& context, std::size_t i, std::size_t count) {
-  return Error::invalid_argument(context, "tensor position " + std::to_string(i) + " is out of range (" +
-                                              std::to_string(count) + " tensors)");
+  return Error::invalid_argument(
+      context, "tensor position " + std::to_string(i) + " is out of range (" + std::to_string(count) + " tensors)");
 }
 
 // -------------------------------------------------------------------------------------------------------
@@ -391,7 +391,8 @@ uint32_t safetensors_dtype_swap_bytes(int dtype) {
 
 int safetensors_host_must_swap(int dtype) {
   const auto i = static_cast<std::size_t>(dtype);
-  return dtype >= 0 && i < safetensors::kDtypeTable.size() && safetensors::host_must_swap(safetensors::kDtypeTable[i].dtype);
+  return dtype >= 0 && i < safetensors::kDtypeTable.size() &&
+         safetensors::host_must_swap(safetensors::kDtypeTable[i].dtype);
 }
 
 void safetensors_swap_to_native(int dtype, void* data, size_t len) {
@@ -417,45 +418,45 @@ safetensors_code_t safetensors_dtype_from_code(const char* code, size_t len, saf
 // PREFIX_metadata_count, PREFIX_metadata_key, PREFIX_metadata_value, PREFIX_read_into and PREFIX_view, for
 // PREFIX safetensors_file and safetensors_sharded.
 
-#define SAFETENSORS_SET_ACCESSORS_(PREFIX, H)                                                                  \
-  size_t PREFIX##_tensor_count(const H* h) { return h->set.tensors().size(); }                                \
-  safetensors_code_t PREFIX##_find(const H* h, const char* name, size_t name_len, size_t* index,              \
-                                   safetensors_error_t** error) {                                             \
-    return find_tensor(h, name, name_len, index, error);                                                      \
-  }                                                                                                           \
-  const char* PREFIX##_tensor_name(const H* h, size_t i, size_t* len) {                                       \
-    if (len != nullptr) *len = 0;                                                                             \
-    return i < h->names.size() ? out_string(h->names[i], len) : nullptr;                                      \
-  }                                                                                                           \
-  safetensors_dtype_t PREFIX##_tensor_dtype(const H* h, size_t i) {                                           \
-    const auto* t = tensor_at(h, i);                                                                          \
-    return static_cast<safetensors_dtype_t>(t ? t->dtype : Dtype::kBool);                                     \
-  }                                                                                                           \
-  size_t PREFIX##_tensor_rank(const H* h, size_t i) {                                                         \
-    const auto* t = tensor_at(h, i);                                                                          \
-    return t ? t->shape.size() : 0;                                                                           \
-  }                                                                                                           \
-  const uint64_t* PREFIX##_tensor_shape(const H* h, size_t i) {                                               \
-    const auto* t = tensor_at(h, i);                                                                          \
-    return t == nullptr ? nullptr : t->shape.empty() ? kNoDims : t->shape.data();                            \
-  }                                                                                                           \
-  uint64_t PREFIX##_tensor_nbytes(const H* h, size_t i) {                                                     \
-    const auto* t = tensor_at(h, i);                                                                          \
-    return t ? t->nbytes() : 0;                                                                               \
-  }                                                                                                           \
-  size_t PREFIX##_metadata_count(const H* h) { return metadata_of(h) ? metadata_of(h)->size() : 0; }         \
-  const char* PREFIX##_metadata_key(const H* h, size_t i, size_t* len) {                                      \
-    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].first, len) : nullptr;            \
-  }                                                                                                           \
-  const char* PREFIX##_metadata_value(const H* h, size_t i, size_t* len) {                                    \
-    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].second, len) : nullptr;           \
-  }                                                                                                           \
-  safetensors_code_t PREFIX##_read_into(const H* h, size_t i, void* dst, size_t dst_len,                      \
-                                        safetensors_error_t** error) {                                        \
-    return read_tensor_into(h, i, dst, dst_len, error);                                                       \
-  }                                                                                                           \
+#define SAFETENSORS_SET_ACCESSORS_(PREFIX, H)                                                                      \
+  size_t PREFIX##_tensor_count(const H* h) { return h->set.tensors().size(); }                                     \
+  safetensors_code_t PREFIX##_find(const H* h, const char* name, size_t name_len, size_t* index,                   \
+                                   safetensors_error_t** error) {                                                  \
+    return find_tensor(h, name, name_len, index, error);                                                           \
+  }                                                                                                                \
+  const char* PREFIX##_tensor_name(const H* h, size_t i, size_t* len) {                                            \
+    if (len != nullptr) *len = 0;                                                                                  \
+    return i < h->names.size() ? out_string(h->names[i], len) : nullptr;                                           \
+  }                                                                                                                \
+  safetensors_dtype_t PREFIX##_tensor_dtype(const H* h, size_t i) {                                                \
+    const auto* t = tensor_at(h, i);                                                                               \
+    return static_cast<safetensors_dtype_t>(t ? t->dtype : Dtype::kBool);                                          \
+  }                                                                                                                \
+  size_t PREFIX##_tensor_rank(const H* h, size_t i) {                                                              \
+    const auto* t = tensor_at(h, i);                                                                               \
+    return t ? t->shape.size() : 0;                                                                                \
+  }                                                                                                                \
+  const uint64_t* PREFIX##_tensor_shape(const H* h, size_t i) {                                                    \
+    const auto* t = tensor_at(h, i);                                                                               \
+    return t == nullptr ? nullptr : t->shape.empty() ? kNoDims : t->shape.data();                                  \
+  }                                                                                                                \
+  uint64_t PREFIX##_tensor_nbytes(const H* h, size_t i) {                                                          \
+    const auto* t = tensor_at(h, i);                                                                               \
+    return t ? t->nbytes() : 0;                                                                                    \
+  }                                                                                                                \
+  size_t PREFIX##_metadata_count(const H* h) { return metadata_of(h) ? metadata_of(h)->size() : 0; }               \
+  const char* PREFIX##_metadata_key(const H* h, size_t i, size_t* len) {                                           \
+    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].first, len) : nullptr;                 \
+  }                                                                                                                \
+  const char* PREFIX##_metadata_value(const H* h, size_t i, size_t* len) {                                         \
+    return i < PREFIX##_metadata_count(h) ? out_string((*metadata_of(h))[i].second, len) : nullptr;                \
+  }                                                                                                                \
+  safetensors_code_t PREFIX##_read_into(const H* h, size_t i, void* dst, size_t dst_len,                           \
+                                        safetensors_error_t** error) {                                             \
+    return read_tensor_into(h, i, dst, dst_len, error);                                                            \
+  }                                                                                                                \
   safetensors_code_t PREFIX##_view(const H* h, size_t i, safetensors_view_t** view, safetensors_error_t** error) { \
-    return view_tensor(h, i, view, error);                                                                    \
+    return view_tensor(h, i, view, error);                                                                         \
   }
 
 SAFETENSORS_SET_ACCESSORS_(safetensors_file, safetensors_file_t)
@@ -482,8 +483,8 @@ safetensors_code_t safetensors_open_memory(const void* data, size_t size, safete
   return guarded(error, [&] {
     if (data == nullptr && size != 0) return fail(error, Error::invalid_argument("<memory>", "data is NULL"));
     // No owner: the caller guarantees the bytes' lifetime (c.h).
-    auto source = safetensors::memory_source(std::span<const std::byte>(static_cast<const std::byte*>(data), size),
-                                             nullptr);
+    auto source =
+        safetensors::memory_source(std::span<const std::byte>(static_cast<const std::byte*>(data), size), nullptr);
     auto opened = safetensors::File::open(std::move(source));
     return make_handle(std::move(opened), file, error);
   });
@@ -496,8 +497,6 @@ safetensors_backend_t safetensors_file_backend(const safetensors_file_t* file) {
   return static_cast<safetensors_backend_t>(file->set.backend());
 }
 uint64_t safetensors_file_data_offset(const safetensors_file_t* file) { return file->set.data_offset(); }
-
-
 
 void safetensors_file_tensor_offsets(const safetensors_file_t* file, size_t i, uint64_t* begin, uint64_t* end) {
   const auto* t = tensor_at(file, i);
@@ -516,10 +515,8 @@ const char* safetensors_file_metadata_get(const safetensors_file_t* file, const 
   return nullptr;
 }
 
-
 // -------------------------------------------------------------------------------------------------------
 // Views
-
 
 const void* safetensors_view_data(const safetensors_view_t* view) { return view->view.bytes.data(); }
 size_t safetensors_view_size(const safetensors_view_t* view) { return view->view.bytes.size(); }
@@ -557,9 +554,9 @@ safetensors_code_t safetensors_file_plan_slice(const safetensors_file_t* file, s
         }
         case SAFETENSORS_SLICE_ELLIPSIS: spec.push_back(safetensors::SliceIndex::ellipsis()); break;
         default:
-          return fail(error, Error::invalid_argument(file->set.path(), "slice component " + std::to_string(k) +
-                                                                            " has unknown kind " +
-                                                                            std::to_string(s.kind)));
+          return fail(error,
+                      Error::invalid_argument(file->set.path(), "slice component " + std::to_string(k) +
+                                                                    " has unknown kind " + std::to_string(s.kind)));
       }
     }
     auto made = file->set.plan_slice(*t, spec);
@@ -595,8 +592,8 @@ safetensors_code_t safetensors_file_read_slice(const safetensors_file_t* file, s
 // Writing
 
 safetensors_code_t safetensors_save(const char* path, const safetensors_tensor_t* tensors, size_t count,
-                                    const safetensors_metadata_entry_t* metadata, size_t metadata_count,
-                                    uint32_t flags, safetensors_error_t** error) {
+                                    const safetensors_metadata_entry_t* metadata, size_t metadata_count, uint32_t flags,
+                                    safetensors_error_t** error) {
   return guarded(error, [&] {
     auto in = to_save_inputs(tensors, count, metadata, metadata_count, flags, SAFETENSORS_SAVE_FSYNC);
     if (!in.ok()) return fail(error, in.error());
@@ -655,8 +652,8 @@ safetensors_code_t safetensors_save_sharded(const char* directory, const char* p
 // -------------------------------------------------------------------------------------------------------
 // Sharded checkpoints
 
-safetensors_code_t safetensors_sharded_open_index(const char* index_path, int backend,
-                                                  safetensors_sharded_t** sharded, safetensors_error_t** error) {
+safetensors_code_t safetensors_sharded_open_index(const char* index_path, int backend, safetensors_sharded_t** sharded,
+                                                  safetensors_error_t** error) {
   *sharded = nullptr;
   return guarded(error, [&] {
     auto options = open_options(backend, index_path);
@@ -666,9 +663,8 @@ safetensors_code_t safetensors_sharded_open_index(const char* index_path, int ba
   });
 }
 
-safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count,
-                                                  int backend, safetensors_sharded_t** sharded,
-                                                  safetensors_error_t** error) {
+safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count, int backend,
+                                                  safetensors_sharded_t** sharded, safetensors_error_t** error) {
   *sharded = nullptr;
   return guarded(error, [&] {
     auto options = open_options(backend, "<shards>");
@@ -695,15 +691,10 @@ const char* safetensors_sharded_shard_path(const safetensors_sharded_t* sharded,
   return shard < shards.size() ? shards[shard].path().c_str() : nullptr;
 }
 
-
-
-
 size_t safetensors_sharded_tensor_shard(const safetensors_sharded_t* sharded, size_t i) {
   const auto* t = tensor_at(sharded, i);
   return t ? sharded->set.shard_of(*t) : sharded->set.shards().size();
 }
-
-
 
 safetensors_code_t safetensors_sharded_read_many(const safetensors_sharded_t* sharded,
                                                  const safetensors_read_request_t* requests, size_t count,
@@ -810,8 +801,9 @@ safetensors_code_t safetensors_prefetch_next(safetensors_prefetcher_t* prefetche
                          : ev->kind == Kind::kDirect ? SAFETENSORS_EVENT_DIRECT
                          : ev->kind == Kind::kEnd    ? SAFETENSORS_EVENT_END
                                                      : SAFETENSORS_EVENT_TIMEOUT;
-    *event = safetensors_prefetch_event_t{kind, ev->piece_done ? 1 : 0, ev->piece, ev->offset,
-                                          ev->bytes.data(), ev->bytes.size(), ev->slab, ev->slab_data};
+    *event = safetensors_prefetch_event_t{kind,       ev->piece_done ? 1 : 0, ev->piece,
+                                          ev->offset, ev->bytes.data(),       ev->bytes.size(),
+                                          ev->slab,   ev->slab_data};
     return SAFETENSORS_OK;
   });
 }
@@ -836,8 +828,8 @@ void safetensors_prefetch_cancel(safetensors_prefetcher_t* prefetcher) { prefetc
 
 void safetensors_prefetch_stats(const safetensors_prefetcher_t* prefetcher, safetensors_prefetch_stats_t* stats) {
   const safetensors::PrefetchStats s = prefetcher->prefetcher->stats();
-  *stats = safetensors_prefetch_stats_t{s.bytes_read, s.reads, s.bytes_staged, s.bytes_direct,
-                                        s.chunks, s.slab_wait_ns, s.events_lent};
+  *stats = safetensors_prefetch_stats_t{s.bytes_read, s.reads,        s.bytes_staged, s.bytes_direct,
+                                        s.chunks,     s.slab_wait_ns, s.events_lent};
 }
 
 safetensors_code_t safetensors_slab_pool_set_capacity(uint64_t bytes, safetensors_error_t** error) {
@@ -855,8 +847,8 @@ safetensors_code_t safetensors_slab_pool_set_slab_bytes(uint64_t bytes, safetens
 }
 
 safetensors_code_t safetensors_slab_pool_set_allocator(void* (*alloc)(size_t size, void* user),
-                                                      void (*free_fn)(void* p, size_t size, void* user), void* user,
-                                                      safetensors_error_t** error) {
+                                                       void (*free_fn)(void* p, size_t size, void* user), void* user,
+                                                       safetensors_error_t** error) {
   return guarded(error, [&] {
     safetensors::SlabAllocator a;
     if (alloc != nullptr) a.alloc = [alloc, user](std::size_t n) { return alloc(n, user); };
@@ -870,7 +862,7 @@ void safetensors_slab_pool_trim(void) { safetensors::SlabPool::global().trim(); 
 
 void safetensors_slab_pool_stats(safetensors_slab_pool_stats_t* stats) {
   const safetensors::SlabPoolStats s = safetensors::SlabPool::global().stats();
-  *stats = safetensors_slab_pool_stats_t{s.capacity, s.slab_bytes, s.allocated_bytes,
+  *stats = safetensors_slab_pool_stats_t{s.capacity,   s.slab_bytes,   s.allocated_bytes,
                                          s.peak_bytes, s.slabs_in_use, s.slabs_free};
 }
 

@@ -81,8 +81,8 @@ struct SlabPool::State {
   // Moves every free slab for which `doomed_if` holds into *out (freed by the caller after unlocking).
   template <typename Pred>
   void take_free(std::vector<SlabMemory>* out, Pred doomed_if) REQUIRES(mu) {
-    auto keep = std::stable_partition(free_list.begin(), free_list.end(),
-                                      [&](const SlabMemory& m) { return !doomed_if(m); });
+    auto keep =
+        std::stable_partition(free_list.begin(), free_list.end(), [&](const SlabMemory& m) { return !doomed_if(m); });
     for (auto it = keep; it != free_list.end(); ++it) {
       allocated -= it->get_deleter().size;
       ++frees;
@@ -262,8 +262,8 @@ Status SlabPool::set_capacity(std::uint64_t bytes) {
   State& s = *state_;
   MutexLock lock(&s.mu);
   if (bytes < s.slab_bytes) {
-    return Error::invalid_argument("<slab pool>", "capacity " + std::to_string(bytes) +
-                                                      " is below the slab size " + std::to_string(s.slab_bytes));
+    return Error::invalid_argument(
+        "<slab pool>", "capacity " + std::to_string(bytes) + " is below the slab size " + std::to_string(s.slab_bytes));
   }
   s.capacity = bytes;
   while (s.allocated > s.capacity && !s.free_list.empty()) {
@@ -330,8 +330,9 @@ void SlabPool::trim() {
 SlabPoolStats SlabPool::stats() const {
   State& s = *state_;
   MutexLock lock(&s.mu);
-  return {s.capacity, s.slab_bytes, s.allocated, s.peak, s.in_use, s.free_list.size(),
-          s.allocations, s.frees, s.users, s.allocator_changes, s.custom_allocator};
+  return {s.capacity, s.slab_bytes,        s.allocated,       s.peak,
+          s.in_use,   s.free_list.size(),  s.allocations,     s.frees,
+          s.users,    s.allocator_changes, s.custom_allocator};
 }
 
 void SlabPool::reset_peak() {
@@ -431,8 +432,8 @@ std::uint64_t align_to_units(std::uint64_t pos, std::uint64_t end, std::uint64_t
 // file (where a page fits in `max`), so the reads after a range's first start page-aligned, and then a whole
 // swap unit of the piece it cuts (a no-op for the aligned tensors writers produce), so each chunk's part of
 // a piece can be swapped on its own.
-void split(const std::vector<Piece>& plan, const std::vector<std::size_t>& pieces, std::uint64_t lo,
-           std::uint64_t hi, std::uint64_t max, std::uint64_t data_offset, std::byte* dst, std::vector<Chunk>* out) {
+void split(const std::vector<Piece>& plan, const std::vector<std::size_t>& pieces, std::uint64_t lo, std::uint64_t hi,
+           std::uint64_t max, std::uint64_t data_offset, std::byte* dst, std::vector<Chunk>* out) {
   std::uint64_t pos = lo;
   while (pos < hi) {
     std::uint64_t end = hi;
@@ -471,8 +472,8 @@ void chunk_runs(const std::vector<Run>& runs, const std::vector<Piece>& plan, st
       auto c = std::partition_point(begin, chunks->end(), [&](const Chunk& ch) { return ch.hi <= p.begin; });
       for (; c != chunks->end() && c->lo < p.end; ++c) {
         const std::uint64_t from = std::max(c->lo, p.begin), to = std::min(c->hi, p.end);
-        segments->push_back({static_cast<std::size_t>(c - chunks->begin()),
-                             Segment{i, from - p.begin, from - c->lo, to - from}});
+        segments->push_back(
+            {static_cast<std::size_t>(c - chunks->begin()), Segment{i, from - p.begin, from - c->lo, to - from}});
       }
     }
   }
@@ -607,10 +608,10 @@ struct Prefetcher::Impl {
       if (held >= max_slabs && !stop.load(std::memory_order_acquire)) {
         const auto start = std::chrono::steady_clock::now();
         while (held >= max_slabs && !stop.load(std::memory_order_acquire)) quota_cv.wait();
-        slab_wait_ns.fetch_add(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                              std::chrono::steady_clock::now() - start)
-                                                              .count()),
-                               std::memory_order_relaxed);
+        slab_wait_ns.fetch_add(
+            static_cast<std::uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count()),
+            std::memory_order_relaxed);
       }
       if (stop.load(std::memory_order_acquire)) return false;
       ++held;
@@ -796,8 +797,8 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
                                                       const PrefetchOptions& options) {
   const std::string path = file.path();
   if (options.threads > kMaxThreads) {
-    return Error::invalid_argument(path, "prefetch threads " + std::to_string(options.threads) + " exceed " +
-                                             std::to_string(kMaxThreads));
+    return Error::invalid_argument(
+        path, "prefetch threads " + std::to_string(options.threads) + " exceed " + std::to_string(kMaxThreads));
   }
   if (options.chunk_bytes == 0) return Error::invalid_argument(path, "prefetch chunk_bytes must be positive");
   const std::uint64_t data_size = file.size() - file.data_offset();
@@ -951,8 +952,8 @@ Status Prefetcher::release(SlabHandle slab) {
 Status Prefetcher::wait_piece(std::size_t i) {
   Impl& m = *impl_;
   if (i >= m.plan.size() || m.plan[i].delivery != Delivery::kDirect) {
-    return Error::invalid_argument(m.file.path(), "wait_piece: piece " + std::to_string(i) +
-                                                      " is not a direct piece of the plan");
+    return Error::invalid_argument(m.file.path(),
+                                   "wait_piece: piece " + std::to_string(i) + " is not a direct piece of the plan");
   }
   MutexLock lock(&m.mu);
   while (!m.done[i] && !m.error && !m.cancelled) m.consumer_cv.wait();

@@ -222,7 +222,8 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
       if (group.empty()) return ok_status();
       if (group.size() == 1) {
         const SliceRun& r = group.front();
-        SAFETENSORS_RETURN_IF_ERROR(read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), what));
+        SAFETENSORS_RETURN_IF_ERROR(
+            read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), what));
       } else {
         if (scratch_size < hi - lo) {
           scratch_size = hi - lo;
@@ -270,8 +271,8 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
   std::uint64_t total = 0;
   for (const ReadRequest& r : requests) {
     if (r.tensor == nullptr || r.dst.size() != r.tensor->nbytes()) {
-      return Error::invalid_argument(path(), "read_many: destination size does not match tensor " +
-                                                 quote(r.tensor ? r.tensor->name : "<null>"));
+      return Error::invalid_argument(
+          path(), "read_many: destination size does not match tensor " + quote(r.tensor ? r.tensor->name : "<null>"));
     }
     internal::split_read(*state_->source, data_offset() + r.tensor->begin, r.dst, r.tensor->name,
                          host_swap_bytes(r.tensor->dtype), &pieces);

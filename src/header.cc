@@ -197,7 +197,8 @@ class Parser {
           ++n;
         }
         if (n != 2) {
-          return json_error("`data_offsets` of tensor " + quote(name) + " must be two non-negative integers below 2^64");
+          return json_error("`data_offsets` of tensor " + quote(name) +
+                            " must be two non-negative integers below 2^64");
         }
         t->begin = v[0];
         t->end = v[1];
@@ -214,8 +215,7 @@ class Parser {
 };
 
 // Steps 6-10: tensors tile the data buffer exactly and every size computes without overflow.
-Status validate_layout(const std::vector<TensorInfo>& tensors, std::uint64_t data_length,
-                       std::string_view context) {
+Status validate_layout(const std::vector<TensorInfo>& tensors, std::uint64_t data_length, std::string_view context) {
   std::uint64_t expected = 0;
   for (const TensorInfo& t : tensors) {
     if (t.begin != expected || t.end < t.begin) return Error::invalid_offset(context, t.name);
@@ -226,18 +226,17 @@ Status validate_layout(const std::vector<TensorInfo>& tensors, std::uint64_t dat
     if (!nbytes) return Error::validation_overflow(context, t.name);
     if (!aligned) return Error::misaligned_slice(context, t.name);
     if (t.end - t.begin != *nbytes) {
-      return Error::tensor_invalid_info(
-          context, t.name,
-          "dtype " + std::string(dtype_code(t.dtype)) + " with " + std::to_string(*numel) + " elements needs " +
-              std::to_string(*nbytes) + " bytes, but data_offsets [" + std::to_string(t.begin) + ", " +
-              std::to_string(t.end) + "] span " + std::to_string(t.end - t.begin));
+      return Error::tensor_invalid_info(context, t.name,
+                                        "dtype " + std::string(dtype_code(t.dtype)) + " with " +
+                                            std::to_string(*numel) + " elements needs " + std::to_string(*nbytes) +
+                                            " bytes, but data_offsets [" + std::to_string(t.begin) + ", " +
+                                            std::to_string(t.end) + "] span " + std::to_string(t.end - t.begin));
     }
     expected = t.end;
   }
   if (expected != data_length) {
-    return Error::metadata_incomplete_buffer(
-        context, "the tensors cover " + std::to_string(expected) + " bytes of a " + std::to_string(data_length) +
-                     "-byte data buffer");
+    return Error::metadata_incomplete_buffer(context, "the tensors cover " + std::to_string(expected) + " bytes of a " +
+                                                          std::to_string(data_length) + "-byte data buffer");
   }
   return ok_status();
 }

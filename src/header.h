@@ -8,21 +8,21 @@
 #include <string_view>
 #include <vector>
 
+#include "name_index.h"
 #include "safetensors/error.h"
 #include "safetensors/file.h"
 #include "safetensors/source.h"
-#include "name_index.h"
 
 namespace safetensors::internal {
 
 // A validated header. Names and shapes live in two arenas (no allocation per tensor); the TensorInfo views
 // point into them, and stay valid when a ParsedHeader is moved.
 struct ParsedHeader {
-  std::uint64_t header_length = 0;   // N
-  std::unique_ptr<char[]> names;     // every tensor name, back to back
-  std::vector<std::uint64_t> dims;   // every shape, back to back
-  std::vector<TensorInfo> tensors;   // file order: by (begin, end), ties in header order
-  NameIndex index;                   // name -> position in `tensors`
+  std::uint64_t header_length = 0;  // N
+  std::unique_ptr<char[]> names;    // every tensor name, back to back
+  std::vector<std::uint64_t> dims;  // every shape, back to back
+  std::vector<TensorInfo> tensors;  // file order: by (begin, end), ties in header order
+  NameIndex index;                  // name -> position in `tensors`
   std::optional<Metadata> metadata;
 };
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "parallel.h"
-#include "safetensors/dtype.h"
 #include "quote.h"
+#include "safetensors/dtype.h"
 
 namespace safetensors::internal {
 

@@ -41,13 +41,12 @@ Result<ShardIndex> ShardIndex::read(const std::string& path, std::uint64_t max_b
   SAFETENSORS_ASSIGN_OR_RETURN(auto source, open_file_source(path, Backend::kPread));
   const std::uint64_t size = source->size();
   if (size > max_bytes || size > SIZE_MAX - simdjson::SIMDJSON_PADDING) {
-    return Error::invalid_argument(path, "the index is " + std::to_string(size) + " bytes, above the limit of " +
-                                             std::to_string(max_bytes));
+    return Error::invalid_argument(
+        path, "the index is " + std::to_string(size) + " bytes, above the limit of " + std::to_string(max_bytes));
   }
   std::string text(static_cast<std::size_t>(size), '\0');
-  SAFETENSORS_RETURN_IF_ERROR(
-      read_exact(*source, 0, std::span<std::byte>(reinterpret_cast<std::byte*>(text.data()), text.size()),
-                 "read of the index"));
+  SAFETENSORS_RETURN_IF_ERROR(read_exact(
+      *source, 0, std::span<std::byte>(reinterpret_cast<std::byte*>(text.data()), text.size()), "read of the index"));
   return parse(path, text);
 }
 
@@ -145,8 +144,8 @@ std::vector<std::string_view> ShardIndex::assigned(std::size_t s) const {
 
 Result<std::vector<const TensorInfo*>> ShardIndex::select(const File& shard, std::size_t s) const {
   if (s >= shard_names.size()) {
-    return Error::invalid_argument(path, "shard " + std::to_string(s) + " of an index naming " +
-                                             std::to_string(shard_names.size()));
+    return Error::invalid_argument(
+        path, "shard " + std::to_string(s) + " of an index naming " + std::to_string(shard_names.size()));
   }
   std::vector<std::string_view> wanted = assigned(s);
   for (std::string_view name : wanted) {

@@ -176,15 +176,15 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
   for (const ReadRequest& r : requests) {
     const std::size_t i = r.tensor == nullptr ? state_->tensors.size() : position_of(*r.tensor);
     if (i == state_->tensors.size()) {
-      return Error::invalid_argument(state_->context, "read_many: a request names a tensor that is not an entry "
-                                                      "of this sharded file");
+      return Error::invalid_argument(state_->context,
+                                     "read_many: a request names a tensor that is not an entry "
+                                     "of this sharded file");
     }
     const File& shard = state_->shards[state_->shard_of[i]];
     if (r.dst.size() != r.tensor->nbytes()) {
-      return Error::invalid_argument(shard.path(), "read_many: tensor " + quote(r.tensor->name) + " has " +
-                                                       std::to_string(r.tensor->nbytes()) +
-                                                       " bytes but the destination holds " +
-                                                       std::to_string(r.dst.size()));
+      return Error::invalid_argument(
+          shard.path(), "read_many: tensor " + quote(r.tensor->name) + " has " + std::to_string(r.tensor->nbytes()) +
+                            " bytes but the destination holds " + std::to_string(r.dst.size()));
     }
     // File::open() validated that the tensor lies inside the shard, so this sum cannot overflow.
     internal::split_read(*shard.source(), shard.data_offset() + r.tensor->begin, r.dst, r.tensor->name,

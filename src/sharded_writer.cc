@@ -55,8 +55,8 @@ bool is_shard_file_name(std::string_view prefix, std::string_view name) {
 Result<ShardPlan> plan_shards(std::span<const TensorData> tensors, const ShardingOptions& options) {
   const std::string_view context = "<plan>";
   if (options.prefix.empty() || options.prefix.find_first_of(std::string_view("/\0", 2)) != std::string::npos) {
-    return Error::invalid_argument(context, "shard prefix " + quote(options.prefix) +
-                                                " must be a non-empty file name without '/' or NUL");
+    return Error::invalid_argument(
+        context, "shard prefix " + quote(options.prefix) + " must be a non-empty file name without '/' or NUL");
   }
   std::vector<std::size_t> by_name(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -126,8 +126,7 @@ Result<ShardPlan> plan_shards(std::span<const TensorData> tensors, const Shardin
 }
 
 Status write_index(const std::string& directory, const ShardPlan& plan, const WriteOptions& options) {
-  return internal::write_file_atomically(join_path(directory, plan.index_file_name), plan.index_json,
-                                         options.fsync);
+  return internal::write_file_atomically(join_path(directory, plan.index_file_name), plan.index_json, options.fsync);
 }
 
 Result<ShardPlan> save_sharded(const std::string& directory, std::span<const TensorData> tensors,

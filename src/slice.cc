@@ -85,9 +85,7 @@ Result<SlicePlan> SlicePlan::make(Dtype dtype, std::span<const std::uint64_t> sh
   };
   for (const SliceIndex& ix : indices) {
     switch (ix.kind) {
-      case SliceIndex::Kind::kEllipsis:
-        push_full(ndim - explicit_axes);
-        break;
+      case SliceIndex::Kind::kEllipsis: push_full(ndim - explicit_axes); break;
       case SliceIndex::Kind::kIndex: {
         const std::size_t d = axes.size();
         const i128 len = shape[d];

@@ -252,8 +252,7 @@ Result<std::span<const std::byte>> FaultySource::read_checked(std::uint64_t offs
     return Error::io(name(), "file is shorter than expected (it changed after it was opened): injected");
   }
   const std::int64_t eio = eio_at_offset.load();
-  if (eio >= 0 && static_cast<std::uint64_t>(eio) >= offset &&
-      static_cast<std::uint64_t>(eio) - offset < dst.size()) {
+  if (eio >= 0 && static_cast<std::uint64_t>(eio) >= offset && static_cast<std::uint64_t>(eio) - offset < dst.size()) {
     return internal::errno_error(name(), what, EIO);
   }
   // read() checked that offset + dst.size() does not overflow.

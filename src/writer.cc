@@ -153,8 +153,8 @@ Status serialize_into(const WritePlan& plan, std::span<const TensorData> tensors
   }
   for (const WritePlan::Entry& e : plan.entries()) {
     if (tensors[e.input].data.size() != e.end - e.begin) {
-      return Error::invalid_argument("<memory>", "serialize_into: tensor " + internal::quote(tensors[e.input].name) +
-                                                     " does not match the plan");
+      return Error::invalid_argument(
+          "<memory>", "serialize_into: tensor " + internal::quote(tensors[e.input].name) + " does not match the plan");
     }
   }
   std::memcpy(out.data(), plan.prefix().data(), plan.prefix().size());
@@ -272,9 +272,8 @@ Status FileWriter::write_part(std::size_t input, std::uint64_t offset, std::span
   // Checked on every host, so that a caller that splits badly learns it on the host it develops on.
   if (const unsigned w = dtype_swap_bytes(e.dtype); w != 0 && (offset % w != 0 || bytes.size() % w != 0)) {
     return Error::invalid_argument(path_, "write: a part of input " + std::to_string(input) + " (" +
-                                              std::string(dtype_code(e.dtype)) + ") at byte " +
-                                              std::to_string(offset) + " of " + std::to_string(bytes.size()) +
-                                              " bytes splits an element");
+                                              std::string(dtype_code(e.dtype)) + ") at byte " + std::to_string(offset) +
+                                              " of " + std::to_string(bytes.size()) + " bytes splits an element");
   }
   // end <= e.end - e.begin, so data_offset + e.begin + offset does not overflow (the plan checked the total).
   const std::uint64_t at = plan_.data_offset() + e.begin + offset;

@@ -173,14 +173,13 @@ typedef enum safetensors_backend_t {
 typedef struct safetensors_file_t safetensors_file_t;
 
 /* Opens and fully validates the file at `path` (backend MMAP or PREAD). On success *file is a new handle.
-   Errors: SAFETENSORS_NOT_FOUND, SAFETENSORS_IO, every header code (HEADER_TOO_SMALL .. 
+   Errors: SAFETENSORS_NOT_FOUND, SAFETENSORS_IO, every header code (HEADER_TOO_SMALL ..
    METADATA_INCOMPLETE_BUFFER), SAFETENSORS_INVALID_ARGUMENT (backend MEMORY or out of range). */
-SAFETENSORS_EXPORT safetensors_code_t safetensors_open(const char* path, int backend,
-                                                       safetensors_file_t** file, safetensors_error_t** error);
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open(const char* path, int backend, safetensors_file_t** file,
+                                                       safetensors_error_t** error);
 /* Opens the bytes [data, data + size) as a file, without copying them. REQUIRES: the bytes stay alive and
    unchanged until the handle and every view made from it are freed. Errors: the header codes. */
-SAFETENSORS_EXPORT safetensors_code_t safetensors_open_memory(const void* data, size_t size,
-                                                              safetensors_file_t** file,
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open_memory(const void* data, size_t size, safetensors_file_t** file,
                                                               safetensors_error_t** error);
 SAFETENSORS_EXPORT void safetensors_file_free(safetensors_file_t* file);
 
@@ -214,8 +213,7 @@ SAFETENSORS_EXPORT uint64_t safetensors_file_tensor_nbytes(const safetensors_fil
 SAFETENSORS_EXPORT int safetensors_file_has_metadata(const safetensors_file_t* file);
 SAFETENSORS_EXPORT size_t safetensors_file_metadata_count(const safetensors_file_t* file);
 SAFETENSORS_EXPORT const char* safetensors_file_metadata_key(const safetensors_file_t* file, size_t i, size_t* len);
-SAFETENSORS_EXPORT const char* safetensors_file_metadata_value(const safetensors_file_t* file, size_t i,
-                                                               size_t* len);
+SAFETENSORS_EXPORT const char* safetensors_file_metadata_value(const safetensors_file_t* file, size_t i, size_t* len);
 /* The value for `key`, or NULL when there is no such key. */
 SAFETENSORS_EXPORT const char* safetensors_file_metadata_get(const safetensors_file_t* file, const char* key,
                                                              size_t key_len, size_t* len);
@@ -268,7 +266,7 @@ typedef struct safetensors_slice_t {
   int64_t index;  /* INDEX only */
   int64_t start;  /* RANGE only */
   int64_t stop;
-  int64_t step;   /* must not be 0 when present */
+  int64_t step; /* must not be 0 when present */
 } safetensors_slice_t;
 
 typedef struct safetensors_slice_plan_t safetensors_slice_plan_t;
@@ -299,11 +297,11 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_file_read_slice(const safetens
 typedef struct safetensors_tensor_t {
   const char* name;
   size_t name_len;
-  int32_t dtype;          /* a safetensors_dtype_t */
+  int32_t dtype; /* a safetensors_dtype_t */
   size_t rank;
-  const uint64_t* shape;  /* rank entries; may be NULL when rank is 0 */
-  const void* data;       /* the tensor's bytes, little-endian, row-major */
-  size_t size;            /* must equal what dtype and shape need */
+  const uint64_t* shape; /* rank entries; may be NULL when rank is 0 */
+  const void* data;      /* the tensor's bytes, little-endian, row-major */
+  size_t size;           /* must equal what dtype and shape need */
 } safetensors_tensor_t;
 
 /* One `__metadata__` entry. */
@@ -365,8 +363,7 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_index(const char*
 /* Opens `paths[0 .. count)`; every tensor of every file is visible. Errors: those of safetensors_open, and
    SAFETENSORS_INVALID_ARGUMENT when two files hold a tensor of the same name. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count,
-                                                                     int backend,
-                                                                     safetensors_sharded_t** sharded,
+                                                                     int backend, safetensors_sharded_t** sharded,
                                                                      safetensors_error_t** error);
 SAFETENSORS_EXPORT void safetensors_sharded_free(safetensors_sharded_t* sharded);
 
@@ -385,16 +382,14 @@ SAFETENSORS_EXPORT const char* safetensors_sharded_metadata_value(const safetens
 /* Visible tensors by position: shard by shard, file order within a shard. The accessors mean what their
    safetensors_file_* counterparts mean; offsets are relative to the data buffer of the tensor's shard. */
 SAFETENSORS_EXPORT size_t safetensors_sharded_tensor_count(const safetensors_sharded_t* sharded);
-SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_find(const safetensors_sharded_t* sharded,
-                                                               const char* name, size_t name_len, size_t* index,
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_find(const safetensors_sharded_t* sharded, const char* name,
+                                                               size_t name_len, size_t* index,
                                                                safetensors_error_t** error);
 SAFETENSORS_EXPORT const char* safetensors_sharded_tensor_name(const safetensors_sharded_t* sharded, size_t i,
                                                                size_t* len);
-SAFETENSORS_EXPORT safetensors_dtype_t safetensors_sharded_tensor_dtype(const safetensors_sharded_t* sharded,
-                                                                        size_t i);
+SAFETENSORS_EXPORT safetensors_dtype_t safetensors_sharded_tensor_dtype(const safetensors_sharded_t* sharded, size_t i);
 SAFETENSORS_EXPORT size_t safetensors_sharded_tensor_rank(const safetensors_sharded_t* sharded, size_t i);
-SAFETENSORS_EXPORT const uint64_t* safetensors_sharded_tensor_shape(const safetensors_sharded_t* sharded,
-                                                                    size_t i);
+SAFETENSORS_EXPORT const uint64_t* safetensors_sharded_tensor_shape(const safetensors_sharded_t* sharded, size_t i);
 SAFETENSORS_EXPORT uint64_t safetensors_sharded_tensor_nbytes(const safetensors_sharded_t* sharded, size_t i);
 /* The shard (an index for safetensors_sharded_shard_path) holding tensor i; the shard count when i is out of
    range. */
@@ -405,8 +400,7 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_read_into(const safete
                                                                     void* dst, size_t dst_len,
                                                                     safetensors_error_t** error);
 SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_view(const safetensors_sharded_t* sharded, size_t i,
-                                                               safetensors_view_t** view,
-                                                               safetensors_error_t** error);
+                                                               safetensors_view_t** view, safetensors_error_t** error);
 
 /* One destination for safetensors_sharded_read_many. Part of the ABI (convention 1). */
 typedef struct safetensors_read_request_t {
@@ -447,8 +441,7 @@ typedef struct safetensors_piece_t {
 /* Fills *piece with all of tensor i (delivery STAGED, no dst). Errors: SAFETENSORS_INVALID_ARGUMENT (i out of
    range). */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_tensor_piece(const safetensors_file_t* file, size_t i,
-                                                               safetensors_piece_t* piece,
-                                                               safetensors_error_t** error);
+                                                               safetensors_piece_t* piece, safetensors_error_t** error);
 /* Fills *piece with rows [r0, r1) of tensor i's first dimension (delivery STAGED). Errors:
    SAFETENSORS_INVALID_SLICE (0-d tensor, rows out of range), SAFETENSORS_MISALIGNED_SLICE (a sub-byte row
    boundary inside a byte), SAFETENSORS_INVALID_ARGUMENT. */
@@ -501,16 +494,15 @@ typedef struct safetensors_prefetch_event_t {
    Errors: the readers' first error (SAFETENSORS_IO and others, naming the file and the tensor) on this and
    every later call; SAFETENSORS_INVALID_ARGUMENT after safetensors_prefetch_cancel. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_next(safetensors_prefetcher_t* prefetcher,
-                                                                int64_t timeout_ms,
-                                                                safetensors_prefetch_event_t* event,
+                                                                int64_t timeout_ms, safetensors_prefetch_event_t* event,
                                                                 safetensors_error_t** error);
 /* Returns an event's slab to the pool (0 does nothing). Errors: SAFETENSORS_INVALID_ARGUMENT (not lent). */
-SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_release(safetensors_prefetcher_t* prefetcher,
-                                                                   uint64_t slab, safetensors_error_t** error);
+SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_release(safetensors_prefetcher_t* prefetcher, uint64_t slab,
+                                                                   safetensors_error_t** error);
 /* Waits until DIRECT piece i is complete. Errors: the readers' error; SAFETENSORS_INVALID_ARGUMENT (not a
    direct piece, or cancelled first). */
-SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_wait_piece(safetensors_prefetcher_t* prefetcher,
-                                                                      size_t i, safetensors_error_t** error);
+SAFETENSORS_EXPORT safetensors_code_t safetensors_prefetch_wait_piece(safetensors_prefetcher_t* prefetcher, size_t i,
+                                                                      safetensors_error_t** error);
 /* Stops the readers and wakes every waiter. Any thread, any time, idempotent. */
 SAFETENSORS_EXPORT void safetensors_prefetch_cancel(safetensors_prefetcher_t* prefetcher);
 
@@ -530,15 +522,14 @@ SAFETENSORS_EXPORT void safetensors_prefetch_stats(const safetensors_prefetcher_
 /* The process-wide slab pool. Errors: SAFETENSORS_INVALID_ARGUMENT (capacity below the slab size; a slab size
    that is 0, above the capacity or not a multiple of 4096). */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_slab_pool_set_capacity(uint64_t bytes, safetensors_error_t** error);
-SAFETENSORS_EXPORT safetensors_code_t safetensors_slab_pool_set_slab_bytes(uint64_t bytes,
-                                                                          safetensors_error_t** error);
+SAFETENSORS_EXPORT safetensors_code_t safetensors_slab_pool_set_slab_bytes(uint64_t bytes, safetensors_error_t** error);
 /* Slabs allocated from now on come from alloc(size, user) (NULL on failure) and go back through
    free(p, size, user); both NULL restores the default. The callbacks may run on any thread, and `user` must
    stay valid while any slab they made is alive. Errors: SAFETENSORS_INVALID_ARGUMENT (exactly one NULL). */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_slab_pool_set_allocator(void* (*alloc)(size_t size, void* user),
-                                                                         void (*free)(void* p, size_t size,
-                                                                                      void* user),
-                                                                         void* user, safetensors_error_t** error);
+                                                                          void (*free)(void* p, size_t size,
+                                                                                       void* user),
+                                                                          void* user, safetensors_error_t** error);
 /* Frees every idle slab now. */
 SAFETENSORS_EXPORT void safetensors_slab_pool_trim(void);
 

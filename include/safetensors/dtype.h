@@ -115,7 +115,7 @@ constexpr bool table_is_in_rank_order() {
 constexpr bool table_is_consistent() {
   for (const DtypeInfo& r : kDtypeTable) {
     const std::uint32_t unit = r.kind == DtypeKind::kComplex ? r.bits / 2 : r.bits;
-    if (r.swap_bytes != (unit >= 16 ? unit / 8 : 0)) return false;  // swapping follows the scalar width
+    if (r.swap_bytes != (unit >= 16 ? unit / 8 : 0)) return false;      // swapping follows the scalar width
     if (r.torch_pack != 1 && r.bits * r.torch_pack != 8) return false;  // a packed type fills whole bytes
   }
   return true;

@@ -116,24 +116,39 @@ class SAFETENSORS_EXPORT Error {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor): implicit by design
+  Result(T value) : v_(std::move(value)) {}      // NOLINT(google-explicit-constructor): implicit by design
   Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
 
   // REQUIRES: ok().
-  T& value() & { assert(ok()); return std::get<0>(v_); }
-  const T& value() const& { assert(ok()); return std::get<0>(v_); }
-  T&& value() && { assert(ok()); return std::get<0>(std::move(v_)); }
+  T& value() & {
+    assert(ok());
+    return std::get<0>(v_);
+  }
+  const T& value() const& {
+    assert(ok());
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    assert(ok());
+    return std::get<0>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
   // REQUIRES: !ok().
-  const Error& error() const& { assert(!ok()); return std::get<1>(v_); }
-  Error&& error() && { assert(!ok()); return std::get<1>(std::move(v_)); }
+  const Error& error() const& {
+    assert(!ok());
+    return std::get<1>(v_);
+  }
+  Error&& error() && {
+    assert(!ok());
+    return std::get<1>(std::move(v_));
+  }
 
  private:
   std::variant<T, Error> v_;
@@ -149,8 +164,14 @@ class [[nodiscard]] Result<void> {
   bool ok() const { return !error_.has_value(); }
   explicit operator bool() const { return ok(); }
   // REQUIRES: !ok().
-  const Error& error() const& { assert(!ok()); return *error_; }
-  Error&& error() && { assert(!ok()); return *std::move(error_); }
+  const Error& error() const& {
+    assert(!ok());
+    return *error_;
+  }
+  Error&& error() && {
+    assert(!ok());
+    return *std::move(error_);
+  }
 
  private:
   std::optional<Error> error_;
@@ -166,9 +187,9 @@ inline Status ok_status() { return Status(); }
 #define SAFETENSORS_CONCAT_INNER_(a, b) a##b
 #define SAFETENSORS_CONCAT_(a, b) SAFETENSORS_CONCAT_INNER_(a, b)
 
-#define SAFETENSORS_RETURN_IF_ERROR(expr)                          \
-  do {                                                             \
-    auto safetensors_status_ = (expr);                             \
+#define SAFETENSORS_RETURN_IF_ERROR(expr)                                         \
+  do {                                                                            \
+    auto safetensors_status_ = (expr);                                            \
     if (!safetensors_status_.ok()) return std::move(safetensors_status_).error(); \
   } while (0)
 

@@ -117,10 +117,10 @@ class SAFETENSORS_EXPORT File {
   // The tensor named `name`. Errors: kTensorNotFound.
   Result<const TensorInfo*> info(std::string_view name) const;
 
-  // Zero-copy view of a tensor's bytes, as the file holds them (little-endian; see TensorView). Errors: kTensorNotFound; kInvalidArgument on the pread backend, which
-  // has no mapping (use read_into()). On the mmap backend the bytes are the mapping itself: touching a page
-  // the file no longer backs (it shrank, or fails with EIO underneath) raises SIGBUS, which no error can
-  // report; use read_into() where that matters.
+  // Zero-copy view of a tensor's bytes, as the file holds them (little-endian; see TensorView). Errors:
+  // kTensorNotFound; kInvalidArgument on the pread backend, which has no mapping (use read_into()). On the mmap backend
+  // the bytes are the mapping itself: touching a page the file no longer backs (it shrank, or fails with EIO
+  // underneath) raises SIGBUS, which no error can report; use read_into() where that matters.
   Result<TensorView> view(std::string_view name) const;
   Result<TensorView> view(const TensorInfo& tensor) const;
 

@@ -15,19 +15,18 @@
 // tensor (or any view of its storage) lives -- after the returned map, and the File, are gone. A tensor whose
 // bytes are not aligned to its element size (possible in files whose header length is not a multiple of 8)
 // is copied instead, and so is every multi-byte tensor on a big-endian host (read into owned memory and
-// swapped to native values; saving swaps back, see writer.h). With the pread backend (or a mapping that fell back to it) tensors own their memory and
-// are read in parallel. For another device the bytes stream through the loading engine (engine.h): reader
-// threads fill host slabs of a bounded SlabPool, each landed chunk is copied into the tensor's device memory,
-// and a slab is recycled only once the device finished copying out of it. Slabs are page-locked where torch
-// has a pinned host allocator for the device type (LoadOptions::pinned; CPU-only builds of torch have none,
-// and then slabs are pageable): their copies are non-blocking, with an event recorded on the device's current
-// stream after each and waited for before the slab goes back; copies from pageable slabs are synchronous.
-// Every copy has completed when load() returns, so the tensors are ready on any stream. Host memory is the
-// pool's capacity whatever the model size; device memory holds only the tensors. `meta` tensors read nothing.
-// LoadOptions::stage_cpu runs that path for the CPU as well (copies out of slabs instead of views and direct
-// reads). Packed dtypes use the dtype table's torch_pack: F4 loads as torch.float4_e2m1fn_x2, two values per
-// byte, so the last dimension is divided by 2 and must be even. Dtypes torch has no type for (F6_E2M3,
-// F6_E3M2) fail with kInvalidArgument naming the tensor.
+// swapped to native values; saving swaps back, see writer.h). With the pread backend (or a mapping that fell back to
+// it) tensors own their memory and are read in parallel. For another device the bytes stream through the loading engine
+// (engine.h): reader threads fill host slabs of a bounded SlabPool, each landed chunk is copied into the tensor's
+// device memory, and a slab is recycled only once the device finished copying out of it. Slabs are page-locked where
+// torch has a pinned host allocator for the device type (LoadOptions::pinned; CPU-only builds of torch have none, and
+// then slabs are pageable): their copies are non-blocking, with an event recorded on the device's current stream after
+// each and waited for before the slab goes back; copies from pageable slabs are synchronous. Every copy has completed
+// when load() returns, so the tensors are ready on any stream. Host memory is the pool's capacity whatever the model
+// size; device memory holds only the tensors. `meta` tensors read nothing. LoadOptions::stage_cpu runs that path for
+// the CPU as well (copies out of slabs instead of views and direct reads). Packed dtypes use the dtype table's
+// torch_pack: F4 loads as torch.float4_e2m1fn_x2, two values per byte, so the last dimension is divided by 2 and must
+// be even. Dtypes torch has no type for (F6_E2M3, F6_E3M2) fail with kInvalidArgument naming the tensor.
 //
 // Saving. Each CPU tensor is written straight from its own memory; a tensor on another device is copied to
 // the CPU first. Tensors must be contiguous and strided; a non-contiguous tensor fails with kInvalidArgument
@@ -191,11 +190,11 @@ inline Result<std::vector<std::int64_t>> torch_sizes(const File& file, const Ten
   const DtypeInfo& row = dtype_info(t.dtype);
   if (row.torch_pack != 1) {
     if (sizes.empty() || sizes.back() % row.torch_pack != 0) {
-      return Error::invalid_argument(
-          file.path(), "tensor " + quoted(t.name) + ": " + std::string(row.code) + " loads as torch." +
-                           std::string(row.torch_name) + " (" + std::to_string(row.torch_pack) +
-                           " values per element), which needs a last dimension that is a multiple of " +
-                           std::to_string(row.torch_pack));
+      return Error::invalid_argument(file.path(),
+                                     "tensor " + quoted(t.name) + ": " + std::string(row.code) + " loads as torch." +
+                                         std::string(row.torch_name) + " (" + std::to_string(row.torch_pack) +
+                                         " values per element), which needs a last dimension that is a multiple of " +
+                                         std::to_string(row.torch_pack));
     }
     sizes.back() /= row.torch_pack;
   }
@@ -206,7 +205,8 @@ inline Result<torch::ScalarType> torch_dtype_of(const File& file, const TensorIn
   const auto type = to_torch_dtype(t.dtype);
   if (!type) {
     return Error::invalid_argument(file.path(), "tensor " + quoted(t.name) + " has dtype " +
-                                                    std::string(dtype_code(t.dtype)) + ", which torch has no dtype for");
+                                                    std::string(dtype_code(t.dtype)) +
+                                                    ", which torch has no dtype for");
   }
   return *type;
 }
@@ -225,9 +225,9 @@ inline Result<std::optional<torch::Tensor>> try_view(const File& file, const Ten
   if (!view.writable || address % c10::elementSize(type) != 0) return std::optional<torch::Tensor>();
   // torch writes through the pointer only into this process's copy-on-write pages (view.writable).
   void* data = const_cast<std::byte*>(view.bytes.data());
-  return std::optional<torch::Tensor>(
-      torch::from_blob(data, sizes, [owner = std::move(view.owner)](void*) mutable { owner.reset(); },
-                       torch::TensorOptions().dtype(type)));
+  return std::optional<torch::Tensor>(torch::from_blob(
+      data, sizes, [owner = std::move(view.owner)](void*) mutable { owner.reset(); },
+      torch::TensorOptions().dtype(type)));
 }
 
 inline Error torch_error(const std::string& path, const c10::Error& e) {
@@ -236,8 +236,8 @@ inline Error torch_error(const std::string& path, const c10::Error& e) {
 
 inline Error move_error(const std::string& path, std::string_view name, const torch::Device& device,
                         const c10::Error& e) {
-  return Error::invalid_argument(path, "cannot move tensor " + quoted(name) + " to " + device.str() + ": " +
-                                           e.what_without_backtrace());
+  return Error::invalid_argument(
+      path, "cannot move tensor " + quoted(name) + " to " + device.str() + ": " + e.what_without_backtrace());
 }
 
 // Storage for an object that is never destroyed (the adapter's slab pools: their slabs may come from a torch
@@ -500,8 +500,7 @@ Result<TensorMap> load_all(const Tensors& files, const torch::Device& device, co
 // kInvalidArgument (a dtype torch lacks, an F4 tensor with an odd last dimension, a device torch cannot copy
 // to, any other torch failure), kIo (a short read of a file that shrank, naming the file and the tensor).
 inline Result<torch::Tensor> load_tensor(const File& file, const TensorInfo& tensor,
-                                         const torch::Device& device = torch::kCPU,
-                                         const LoadOptions& options = {}) {
+                                         const torch::Device& device = torch::kCPU, const LoadOptions& options = {}) {
   try {
     return detail::load_tensor(file, tensor, device, options);
   } catch (const c10::Error& e) {
@@ -530,7 +529,8 @@ inline Result<TensorMap> load(const std::string& path, const torch::Device& devi
 }
 
 // Every visible tensor of a sharded checkpoint (ShardedFile::open_index / open_files), on `device`; CPU
-// copies from different shards are read in parallel, device loads stream one shard after another. Errors: those of load_tensor(), each naming its shard.
+// copies from different shards are read in parallel, device loads stream one shard after another. Errors: those of
+// load_tensor(), each naming its shard.
 inline Result<TensorMap> load(const ShardedFile& sharded, const torch::Device& device = torch::kCPU,
                               const LoadOptions& options = {}) {
   try {
@@ -560,7 +560,9 @@ inline Status save(const std::string& path, const TensorMap& tensors, const std:
     if (original.layout() != torch::kStrided) return bad("is not a strided (dense) tensor");
     if (!original.is_contiguous()) return bad("is not contiguous; call .contiguous() before saving");
     const auto dtype = from_torch_dtype(original.scalar_type());
-    if (!dtype) return bad(std::string("has dtype ") + c10::toString(original.scalar_type()) + ", which safetensors cannot store");
+    if (!dtype)
+      return bad(std::string("has dtype ") + c10::toString(original.scalar_type()) +
+                 ", which safetensors cannot store");
     const torch::Tensor* cpu = &original;
     if (!original.device().is_cpu()) {
       try {

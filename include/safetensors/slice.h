@@ -16,9 +16,9 @@
 
 #include <cstdint>
 #include <optional>
-#include <utility>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "safetensors/dtype.h"
@@ -44,7 +44,7 @@ struct SliceIndex {
   std::int64_t index;                 // kIndex only
   std::optional<std::int64_t> start;  // kRange only; nullopt = numpy's default for the step's sign
   std::optional<std::int64_t> stop;
-  std::optional<std::int64_t> step;   // nullopt = 1; 0 is an error
+  std::optional<std::int64_t> step;  // nullopt = 1; 0 is an error
 };
 
 // One contiguous run: `length` bytes at `source_offset` (relative to the tensor's first byte) go to
@@ -60,9 +60,8 @@ class SAFETENSORS_EXPORT SlicePlan {
   // Plans `indices` over a tensor of `dtype` and `shape`. `context` and `tensor` only name the file and the
   // tensor in errors. Errors: kInvalidSlice (index out of bounds, step 0, more than one Ellipsis, too many
   // indices), kMisalignedSlice (a sub-byte run off a byte boundary).
-  static Result<SlicePlan> make(Dtype dtype, std::span<const std::uint64_t> shape,
-                                std::span<const SliceIndex> indices, std::string_view context = {},
-                                std::string_view tensor = {});
+  static Result<SlicePlan> make(Dtype dtype, std::span<const std::uint64_t> shape, std::span<const SliceIndex> indices,
+                                std::string_view context = {}, std::string_view tensor = {});
 
   Dtype dtype() const { return dtype_; }
   // The result's shape: integer-indexed axes removed, ranges replaced by their lengths.

@@ -91,8 +91,7 @@ SAFETENSORS_EXPORT Status read_exact(const Source& source, std::uint64_t offset,
 // be mapped. Only regular files are opened: the file is opened without blocking (a FIFO with no writer does
 // not hang) and a FIFO, socket, device or directory is refused with kIo, "not a regular file (a FIFO)".
 // Errors: kNotFound (ENOENT), kIo (anything else, e.g. EACCES), kInvalidArgument for kMemory.
-SAFETENSORS_EXPORT Result<std::shared_ptr<const Source>> open_file_source(const std::string& path,
-                                                                          Backend backend);
+SAFETENSORS_EXPORT Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, Backend backend);
 
 // A Source over [bytes.data(), bytes.data() + bytes.size()). `owner` keeps that memory alive for as long as
 // the Source (and every view of it) lives; pass nullptr when the caller guarantees the lifetime itself.

@@ -102,8 +102,7 @@ SAFETENSORS_EXPORT Result<std::vector<std::byte>> serialize(std::span<const Tens
 
 // Plans and writes the file atomically (see FileWriter). Errors: those of WritePlan::make and FileWriter.
 SAFETENSORS_EXPORT Status save_file(const std::string& path, std::span<const TensorData> tensors,
-                                    const std::optional<Metadata>& metadata = {},
-                                    const WriteOptions& options = {});
+                                    const std::optional<Metadata>& metadata = {}, const WriteOptions& options = {});
 
 // Streams a planned file to disk and publishes it atomically.
 //

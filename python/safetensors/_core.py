@@ -12,7 +12,7 @@ import contextlib
 import gc
 import importlib
 import os
-from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError

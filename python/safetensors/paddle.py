@@ -151,7 +151,7 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
     shape: the bytes as rows of the last dimension, viewed as the dtype, which only divides that dimension."""
     buffers = []
     jobs = []
-    for name, (code, shape, begin, end) in infos:
+    for _name, (code, _shape, begin, end) in infos:
         if code not in _TYPES:
             raise SafetensorError(_ADAPTER.refusal(code))
         buffer = paddle.empty([end - begin], dtype=paddle.uint8, device=place)

@@ -25,16 +25,15 @@
 #include <utility>
 #include <vector>
 
+#include "common.h"
 #include "safetensors/engine.h"
 #include "safetensors/file.h"
-#include "common.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace safetensors::python {
 namespace {
-
 
 // Drops `p` with the GIL released when this thread holds it.
 void drop(std::shared_ptr<Prefetcher>& p) {
@@ -151,7 +150,6 @@ using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optio
 }  // namespace
 
 void bind_engine(nb::module_& m) {
-
   m.def(
       "tensor_piece",
       [](const File& f, std::string_view name) {
@@ -170,12 +168,14 @@ void bind_engine(nb::module_& m) {
       "sub-byte alignment).");
 
   nb::class_<PrefetchEvent>(m, "PrefetchEvent", "What Prefetcher.next() returns.")
-      .def_prop_ro("kind", [](const PrefetchEvent& e) { return kind_name(e.kind); },
-                   "'staged' (bytes in a slab), 'direct' (a piece complete), 'end' or 'timeout'.")
+      .def_prop_ro(
+          "kind", [](const PrefetchEvent& e) { return kind_name(e.kind); },
+          "'staged' (bytes in a slab), 'direct' (a piece complete), 'end' or 'timeout'.")
       .def_ro("piece", &PrefetchEvent::piece, "The piece's position in the plan.")
       .def_ro("offset", &PrefetchEvent::offset, "staged: where the bytes lie in the piece.")
-      .def_prop_ro("address", [](const PrefetchEvent& e) { return reinterpret_cast<std::uintptr_t>(e.bytes.data()); },
-                   "staged: the bytes' address in the slab (valid until release(slab)).")
+      .def_prop_ro(
+          "address", [](const PrefetchEvent& e) { return reinterpret_cast<std::uintptr_t>(e.bytes.data()); },
+          "staged: the bytes' address in the slab (valid until release(slab)).")
       .def_prop_ro("size", [](const PrefetchEvent& e) { return e.bytes.size(); })
       .def_ro("slab", &PrefetchEvent::slab, "staged: the handle to release (0: none).")
       .def_prop_ro(
@@ -258,32 +258,34 @@ void bind_engine(nb::module_& m) {
           "Stops the readers and wakes every waiter; lent slabs stay valid until released or close().")
       .def("close", &PyPrefetcher::close,
            "Cancels, joins the readers and returns every slab. Then every method but close() raises.")
-      .def("__enter__", [](nb::handle self) { return self; }, nb::sig("def __enter__(self) -> Prefetcher"))
-      .def("__exit__", [](PyPrefetcher& self, nb::handle, nb::handle, nb::handle) { self.close(); },
-           nb::arg().none(), nb::arg().none(), nb::arg().none())
+      .def(
+          "__enter__", [](nb::handle self) { return self; }, nb::sig("def __enter__(self) -> Prefetcher"))
+      .def(
+          "__exit__", [](PyPrefetcher& self, nb::handle, nb::handle, nb::handle) { self.close(); }, nb::arg().none(),
+          nb::arg().none(), nb::arg().none())
       .def("__len__", [](const PyPrefetcher& self) { return self.ref()->plan().size(); })
       .def(
           "stats",
           [](const PyPrefetcher& self) {
-        const PrefetchStats s = self.ref()->stats();
-        nb::dict d;
-        d["bytes_read"] = s.bytes_read;
-        d["reads"] = s.reads;
-        d["bytes_staged"] = s.bytes_staged;
-        d["bytes_direct"] = s.bytes_direct;
-        d["chunks"] = s.chunks;
-        d["slab_wait_ns"] = s.slab_wait_ns;
-        d["events_lent"] = s.events_lent;
-        d["started_ns"] = s.started_ns;
-        d["last_read_end_ns"] = s.last_read_end_ns;
-        return d;
+            const PrefetchStats s = self.ref()->stats();
+            nb::dict d;
+            d["bytes_read"] = s.bytes_read;
+            d["reads"] = s.reads;
+            d["bytes_staged"] = s.bytes_staged;
+            d["bytes_direct"] = s.bytes_direct;
+            d["chunks"] = s.chunks;
+            d["slab_wait_ns"] = s.slab_wait_ns;
+            d["events_lent"] = s.events_lent;
+            d["started_ns"] = s.started_ns;
+            d["last_read_end_ns"] = s.last_read_end_ns;
+            return d;
           },
           nb::sig("def stats(self) -> dict[str, int]"),
           "Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...");
 
   m.def(
-      "slab_pool_set_capacity", [](std::uint64_t bytes) { check(SlabPool::global().set_capacity(bytes)); },
-      "bytes"_a, "The most bytes the process-wide slab pool allocates at once (default 256 MiB).");
+      "slab_pool_set_capacity", [](std::uint64_t bytes) { check(SlabPool::global().set_capacity(bytes)); }, "bytes"_a,
+      "The most bytes the process-wide slab pool allocates at once (default 256 MiB).");
   m.def(
       "slab_pool_set_slab_bytes", [](std::uint64_t bytes) { check(SlabPool::global().set_slab_bytes(bytes)); },
       "bytes"_a, "The size of each slab (a multiple of 4096; default 8 MiB).");
@@ -300,8 +302,7 @@ void bind_engine(nb::module_& m) {
       "Slab memory from alloc(size) -> address (0 on failure), returned by free(address, size); both None: the "
       "default. They run on reader threads (taking the GIL).");
   m.def(
-      "slab_pool_trim", [] { without_gil([] { SlabPool::global().trim(); }); },
-      "Frees every idle slab now.");
+      "slab_pool_trim", [] { without_gil([] { SlabPool::global().trim(); }); }, "Frees every idle slab now.");
   m.def(
       "slab_pool_reset_peak", [] { SlabPool::global().reset_peak(); },
       "Restarts the pool's peak_bytes counter from the bytes allocated now.");

@@ -52,9 +52,8 @@ void set_io_error(const Error& e, const std::string& text) {
                                     e.context().data(), static_cast<Py_ssize_t>(e.context().size())));
     if (!filename.is_valid() || !strerror.is_valid()) throw nb::python_error();
     nb::dict state = nb::borrow<nb::dict>(exc.attr("__dict__"));
-    for (auto [name, value] : {std::pair<const char*, nb::object>{"errno", nb::int_(err)},
-                               {"strerror", strerror},
-                               {"filename", filename}}) {
+    for (auto [name, value] :
+         {std::pair<const char*, nb::object>{"errno", nb::int_(err)}, {"strerror", strerror}, {"filename", filename}}) {
       exc.attr(name) = value;
       state[name] = value;
     }
@@ -83,19 +82,11 @@ void translate_error(const std::exception_ptr& p, void*) {
         }
         set_error(PyExc_FileNotFoundError, e.message());
         return;
-      case Error::Kind::kIo:
-        set_io_error(e, prefix + e.to_string());
-        return;
-      case Error::Kind::kInvalidSlice:
-        set_error(g_slice_error, e.to_string());
-        return;
+      case Error::Kind::kIo: set_io_error(e, prefix + e.to_string()); return;
+      case Error::Kind::kInvalidSlice: set_error(g_slice_error, e.to_string()); return;
       case Error::Kind::kTensorNotFound:
-      case Error::Kind::kInvalidArgument:
-        set_error(g_safetensor_error, e.to_string());
-        return;
-      default:
-        set_error(g_safetensor_error, prefix + e.to_string());
-        return;
+      case Error::Kind::kInvalidArgument: set_error(g_safetensor_error, e.to_string()); return;
+      default: set_error(g_safetensor_error, prefix + e.to_string()); return;
     }
   }
 }
@@ -110,13 +101,12 @@ void raise_message(Error::Kind kind, const std::string& text) {
 }
 
 void register_errors(nb::module_& m) {
-  g_safetensor_error =
-      PyErr_NewExceptionWithDoc("safetensors.SafetensorError", "Custom Python Exception for Safetensor errors.",
-                                PyExc_Exception, nullptr);
+  g_safetensor_error = PyErr_NewExceptionWithDoc(
+      "safetensors.SafetensorError", "Custom Python Exception for Safetensor errors.", PyExc_Exception, nullptr);
   m.attr("SafetensorError") = nb::handle(g_safetensor_error);
   {
-    nb::object bases = nb::make_tuple(nb::handle(g_safetensor_error), nb::handle(PyExc_IndexError),
-                                      nb::handle(PyExc_ValueError));
+    nb::object bases =
+        nb::make_tuple(nb::handle(g_safetensor_error), nb::handle(PyExc_IndexError), nb::handle(PyExc_ValueError));
     g_slice_error = PyErr_NewExceptionWithDoc(
         "safetensors.SafetensorSliceError",
         "An index expression that does not fit the tensor. Also an IndexError and a ValueError, like numpy's.",

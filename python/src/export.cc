@@ -18,8 +18,8 @@ nb::object make_array(const std::byte* data, std::size_t ndim, const std::size_t
                       nb::dlpack::dtype dtype, bool writable) {
   if (writable) {
     // Written only by the caller: owned memory, or the process's private copy-on-write pages of a mapping.
-    return nb::cast(nb::ndarray<Tags...>(const_cast<std::byte*>(data), ndim, shape, owner, nullptr, dtype,
-                                         nb::device::cpu::value));
+    return nb::cast(
+        nb::ndarray<Tags...>(const_cast<std::byte*>(data), ndim, shape, owner, nullptr, dtype, nb::device::cpu::value));
   }
   return nb::cast(nb::ndarray<nb::ro, Tags...>(data, ndim, shape, owner, nullptr, dtype, nb::device::cpu::value));
 }

@@ -26,14 +26,14 @@
 #include <utility>
 #include <vector>
 
+#include "common.h"
+#include "export.h"
 #include "safetensors/dtype.h"
 #include "safetensors/error.h"
 #include "safetensors/file.h"
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
-#include "common.h"
-#include "export.h"
 
 #include "engine_binding.h"
 #include "sharded_binding.h"
@@ -117,7 +117,8 @@ std::int64_t clamped_index(nb::handle value) {
 std::optional<std::int64_t> slice_bound(nb::handle value) {
   if (value.is_none()) return std::nullopt;
   if (!PyIndex_Check(value.ptr())) {
-    raise_message(Error::Kind::kInvalidSlice, "slice indices must be integers or None or have an __index__ method (got " +
+    raise_message(Error::Kind::kInvalidSlice,
+                  "slice indices must be integers or None or have an __index__ method (got " +
                       std::string(nb::type_name(value.type()).c_str()) + ")");
   }
   return clamped_index(value);
@@ -136,7 +137,8 @@ std::vector<SliceIndex> to_indices(nb::handle spec) {
     } else if (PyIndex_Check(item.ptr()) && !PyBool_Check(item.ptr())) {
       out.push_back(SliceIndex::at(clamped_index(item)));
     } else {
-      raise_message(Error::Kind::kInvalidSlice, "only integers, slices (`:`) and ellipsis (`...`) are valid indices here (got " +
+      raise_message(Error::Kind::kInvalidSlice,
+                    "only integers, slices (`:`) and ellipsis (`...`) are valid indices here (got " +
                         std::string(nb::type_name(item.type()).c_str()) + ")");
     }
   }
@@ -184,8 +186,8 @@ Backend parse_backend(const std::string& name) {
 }
 
 nb::tuple info_tuple(const TensorInfo& t) {
-  return nb::make_tuple(nb::str(dtype_code(t.dtype).data(), dtype_code(t.dtype).size()), shape_tuple(t.shape),
-                        t.begin, t.end);
+  return nb::make_tuple(nb::str(dtype_code(t.dtype).data(), dtype_code(t.dtype).size()), shape_tuple(t.shape), t.begin,
+                        t.end);
 }
 
 std::vector<TensorData> to_tensor_data(const std::vector<PyTensorSpec>& specs) {
@@ -218,8 +220,9 @@ NB_MODULE(_safetensors_cpp, m) {
   register_errors(m);
 
   nb::class_<SlicePlan>(m, "SlicePlan", "A planned index expression over one tensor.")
-      .def_prop_ro("shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); },
-                   nb::sig("def shape(self) -> tuple[int, ...]"))
+      .def_prop_ro(
+          "shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); },
+          nb::sig("def shape(self) -> tuple[int, ...]"))
       .def_prop_ro("nbytes", &SlicePlan::nbytes)
       .def_prop_ro("is_whole", &SlicePlan::is_whole);
 
@@ -385,8 +388,9 @@ NB_MODULE(_safetensors_cpp, m) {
             }
             check(without_gil([&] { return f.read_many(reqs, threads); }));
             return make_list(ts.size(), [&](std::size_t i) {
-              nb::object out =
-                  dlpack ? export_array(*ts[i], TensorView{dsts[i], nullptr, true}, owners[i], Form::kDlpack) : owners[i];
+              nb::object out = dlpack
+                                   ? export_array(*ts[i], TensorView{dsts[i], nullptr, true}, owners[i], Form::kDlpack)
+                                   : owners[i];
               return nb::make_tuple(make_str(ts[i]->name), std::move(out));
             });
           },
@@ -436,7 +440,8 @@ NB_MODULE(_safetensors_cpp, m) {
             const TensorInfo* t = check(f.info(name));
             return check(f.plan_slice(*t, to_indices(spec)));
           },
-          "name"_a, "spec"_a, nb::sig("def plan_slice(self, name: str, spec: Sequence[int | slice | types.EllipsisType]) -> SlicePlan"),
+          "name"_a, "spec"_a,
+          nb::sig("def plan_slice(self, name: str, spec: Sequence[int | slice | types.EllipsisType]) -> SlicePlan"),
           "Plans a basic index expression (ints, slices, Ellipsis, one per axis at most) over a tensor.")
       .def(
           "read_slice",
@@ -480,11 +485,11 @@ NB_MODULE(_safetensors_cpp, m) {
         nb::list out;
         for (const DtypeInfo& row : kDtypeTable) {
           static constexpr const char* kKinds[] = {"bool", "signed", "unsigned", "float", "complex"};
-          out.append(nb::make_tuple(nb::str(row.code.data(), row.code.size()), row.bits,
-                                    kKinds[static_cast<int>(row.kind)], row.swap_bytes,
-                                    row.dlpack_code == kNoDlpack ? nb::object(nb::none()) : nb::object(nb::int_(row.dlpack_code)),
-                                    row.torch_pack, nb::str(row.torch_name.data(), row.torch_name.size()),
-                                    nb::str(row.numpy_name.data(), row.numpy_name.size())));
+          out.append(nb::make_tuple(
+              nb::str(row.code.data(), row.code.size()), row.bits, kKinds[static_cast<int>(row.kind)], row.swap_bytes,
+              row.dlpack_code == kNoDlpack ? nb::object(nb::none()) : nb::object(nb::int_(row.dlpack_code)),
+              row.torch_pack, nb::str(row.torch_name.data(), row.torch_name.size()),
+              nb::str(row.numpy_name.data(), row.numpy_name.size())));
         }
         return out;
       },

@@ -23,9 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include "common.h"
 #include "safetensors/dtype.h"
 #include "safetensors/file.h"
-#include "common.h"
 #include "safetensors/sharded.h"
 
 namespace nb = nanobind;
@@ -56,7 +56,6 @@ ShardingOptions sharding_options(std::uint64_t max_shard_bytes, const std::strin
 }  // namespace
 
 void bind_sharded(nb::module_& m) {
-
   nb::class_<ShardIndex>(m, "ShardIndex",
                          "A parsed, validated index file (model.safetensors.index.json): which shard holds each "
                          "tensor. Every index rule lives here (and in ShardedFile.open_index, built on it).")
@@ -65,15 +64,15 @@ void bind_sharded(nb::module_& m) {
           [](const std::string& path, std::uint64_t max_bytes) {
             return check(without_gil([&] { return ShardIndex::read(path, max_bytes); }));
           },
-          "path"_a, "max_bytes"_a = kDefaultMaxHeaderBytes,
-          "Reads and validates the index at path. Releases the GIL.")
+          "path"_a, "max_bytes"_a = kDefaultMaxHeaderBytes, "Reads and validates the index at path. Releases the GIL.")
       .def_static(
           "parse", [](const std::string& path, std::string_view text) { return check(ShardIndex::parse(path, text)); },
           "path"_a, "text"_a, "Validates index text; path names it in errors and locates the shards.")
       .def_ro("path", &ShardIndex::path)
-      .def_prop_ro("metadata", [](const ShardIndex& i) { return metadata_dict(i.metadata); },
-                   nb::sig("def metadata(self) -> dict[str, str] | None"),
-                   "The index's metadata (non-string values as compact JSON text), or None.")
+      .def_prop_ro(
+          "metadata", [](const ShardIndex& i) { return metadata_dict(i.metadata); },
+          nb::sig("def metadata(self) -> dict[str, str] | None"),
+          "The index's metadata (non-string values as compact JSON text), or None.")
       .def_ro("total_size", &ShardIndex::total_size)
       .def_ro("metadata_json", &ShardIndex::metadata_json, "The metadata object as compact JSON text, or None.")
       .def_ro("shard_names", &ShardIndex::shard_names, "Distinct shard names, sorted.")
@@ -88,14 +87,16 @@ void bind_sharded(nb::module_& m) {
       .def(
           "shard_path",
           [](const ShardIndex& i, std::size_t s) {
-            if (s >= i.shard_names.size()) raise_error(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
+            if (s >= i.shard_names.size())
+              raise_error(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
             return i.shard_path(s);
           },
           "s"_a, "Shard s's path, relative to the index's directory.")
       .def(
           "assigned",
           [](const ShardIndex& i, std::size_t s) {
-            if (s >= i.shard_names.size()) raise_error(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
+            if (s >= i.shard_names.size())
+              raise_error(Error::invalid_argument(i.path, "no shard " + std::to_string(s)));
             std::vector<std::string_view> names = i.assigned(s);
             return std::vector<std::string>(names.begin(), names.end());
           },
@@ -136,11 +137,14 @@ void bind_sharded(nb::module_& m) {
           "paths"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes,
           "Opens every file; a tensor name in two files is an error. Releases the GIL.")
       .def_prop_ro("index_path", &ShardedFile::index_path, "The index path, or '' for open_files().")
-      .def_prop_ro("index_metadata", [](const ShardedFile& f) { return metadata_dict(f.index_metadata()); },
-                   nb::sig("def index_metadata(self) -> dict[str, str] | None"))
+      .def_prop_ro(
+          "index_metadata", [](const ShardedFile& f) { return metadata_dict(f.index_metadata()); },
+          nb::sig("def index_metadata(self) -> dict[str, str] | None"))
       .def_prop_ro("total_size", &ShardedFile::total_size)
-      .def_prop_ro("shards", [](const ShardedFile& f) { return std::vector<File>(f.shards()); }, nb::sig("def shards(self) -> list[File]"),
-                   "The shard files: an index's sorted by name, else in the order given.")
+      .def_prop_ro(
+          "shards", [](const ShardedFile& f) { return std::vector<File>(f.shards()); },
+          nb::sig("def shards(self) -> list[File]"),
+          "The shard files: an index's sorted by name, else in the order given.")
       .def("__len__", [](const ShardedFile& f) { return f.tensors().size(); })
       .def("__contains__", [](const ShardedFile& f, std::string_view name) { return f.find(name) != nullptr; })
       .def(
@@ -189,7 +193,8 @@ void bind_sharded(nb::module_& m) {
           "shards",
           [](const ShardPlan& p) {
             nb::list out;
-            for (const ShardPlan::Shard& s : p.shards) out.append(nb::make_tuple(s.file_name, nb::cast(s.inputs), s.bytes));
+            for (const ShardPlan::Shard& s : p.shards)
+              out.append(nb::make_tuple(s.file_name, nb::cast(s.inputs), s.bytes));
             return out;
           },
           nb::sig("def shards(self) -> list[tuple[str, list[int], int]]"),

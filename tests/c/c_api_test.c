@@ -159,7 +159,8 @@ static void test_round_trip(void) {
           memcpy(values, safetensors_view_data(v), sizeof values);
           safetensors_swap_to_native(SAFETENSORS_F32, values, sizeof values);
           CHECK(memcmp(values, w, sizeof w) == 0);
-          CHECK(safetensors_host_must_swap(SAFETENSORS_F32) == (memcmp(values, safetensors_view_data(v), sizeof values) != 0));
+          CHECK(safetensors_host_must_swap(SAFETENSORS_F32) ==
+                (memcmp(values, safetensors_view_data(v), sizeof values) != 0));
         }
         safetensors_view_free(v);
       }
@@ -198,7 +199,8 @@ static void test_slices(void) {
       safetensors_slice_plan_free(plan);
     }
     /* m[-1, ...] -> row 3, a rank-1 result */
-    safetensors_slice_t last[2] = {{SAFETENSORS_SLICE_INDEX, 0, -1, 0, 0, 0}, {SAFETENSORS_SLICE_ELLIPSIS, 0, 0, 0, 0, 0}};
+    safetensors_slice_t last[2] = {{SAFETENSORS_SLICE_INDEX, 0, -1, 0, 0, 0},
+                                   {SAFETENSORS_SLICE_ELLIPSIS, 0, 0, 0, 0, 0}};
     CHECK_OK(safetensors_file_plan_slice(f, 0, last, 2, &plan, &err_));
     if (plan) {
       int32_t row[3] = {0};
@@ -347,10 +349,12 @@ static void test_sharded(void) {
   CHECK_OK(safetensors_save_sharded(dir, NULL, 45, tensors, N, &md, 1, 0, &shards, &err_));
   CHECK(shards == 3);
   CHECK(access(path_in("model-00003-of-00003.safetensors"), F_OK) == 0);
-  CHECK_CODE(safetensors_save_sharded(dir, "a/b", 45, tensors, N, NULL, 0, 0, NULL, NULL), SAFETENSORS_INVALID_ARGUMENT);
+  CHECK_CODE(safetensors_save_sharded(dir, "a/b", 45, tensors, N, NULL, 0, 0, NULL, NULL),
+             SAFETENSORS_INVALID_ARGUMENT);
 
   safetensors_sharded_t* s = NULL;
-  CHECK_OK(safetensors_sharded_open_index(path_in("model.safetensors.index.json"), SAFETENSORS_BACKEND_MMAP, &s, &err_));
+  CHECK_OK(
+      safetensors_sharded_open_index(path_in("model.safetensors.index.json"), SAFETENSORS_BACKEND_MMAP, &s, &err_));
   if (s) {
     CHECK(safetensors_sharded_shard_count(s) == 3);
     CHECK(strcmp(safetensors_sharded_shard_path(s, 1), path_in("model-00002-of-00003.safetensors")) == 0);

@@ -9,9 +9,9 @@ namespace safetensors {
 namespace {
 
 TEST(DtypeTest, TableHoldsTheFormatsCodesBitsAndRankOrder) {
-  const char* codes[] = {"BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-                         "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32",
-                         "C64", "F64", "I64", "U64"};
+  const char* codes[] = {"BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+                         "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
+                         "U32",     "F32",         "C64",         "F64",     "I64", "U64"};
   const unsigned bits[] = {8, 4, 6, 6, 8, 8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32, 32, 32, 64, 64, 64, 64};
   ASSERT_EQ(kDtypeTable.size(), 22u);
   for (std::size_t i = 0; i < kDtypeTable.size(); ++i) {

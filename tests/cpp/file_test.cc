@@ -313,7 +313,8 @@ TEST(FileTest, KeysAreSortedWhateverTheFileOrder) {
   // A header in descending name order: every name is a run of its own.
   std::string header = "{";
   for (int i = 99; i >= 0; --i) {
-    header += (i == 99 ? "\"" : ",\"") + std::to_string(1000 + i) + "\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}";
+    header += (i == 99 ? "\"" : ",\"") + std::to_string(1000 + i) +
+              "\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}";
   }
   header += "}";
   auto f = test::open_bytes(test::raw_file(header));

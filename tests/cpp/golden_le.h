@@ -39,14 +39,20 @@ inline std::vector<GoldenTensor> golden_tensors() {
   using std::string_literals::operator""s;
   return {
       {"u64", Dtype::kU64, {1}, native_bytes<std::uint64_t>({0x0102030405060708}), "\x08\x07\x06\x05\x04\x03\x02\x01"s},
-      {"i64", Dtype::kI64, {2}, native_bytes<std::int64_t>({-2, 0x1122334455667788}),
+      {"i64",
+       Dtype::kI64,
+       {2},
+       native_bytes<std::int64_t>({-2, 0x1122334455667788}),
        "\xfe\xff\xff\xff\xff\xff\xff\xff\x88\x77\x66\x55\x44\x33\x22\x11"s},
       {"f64", Dtype::kF64, {1}, native_bytes<double>({-1.5}), "\x00\x00\x00\x00\x00\x00\xf8\xbf"s},
       // C64: two F32 halves (real, imaginary), each little-endian on its own.
       {"c64", Dtype::kC64, {1}, native_bytes<float>({1.0f, -2.0f}), "\x00\x00\x80\x3f\x00\x00\x00\xc0"s},
       {"f32", Dtype::kF32, {2}, native_bytes<float>({0.5f, 3.0f}), "\x00\x00\x00\x3f\x00\x00\x40\x40"s},
       {"u32", Dtype::kU32, {1}, native_bytes<std::uint32_t>({0xA1B2C3D4}), "\xd4\xc3\xb2\xa1"s},
-      {"i32", Dtype::kI32, {3, 1}, native_bytes<std::int32_t>({1, -1, 0x01020304}),
+      {"i32",
+       Dtype::kI32,
+       {3, 1},
+       native_bytes<std::int32_t>({1, -1, 0x01020304}),
        "\x01\x00\x00\x00\xff\xff\xff\xff\x04\x03\x02\x01"s},
       // BF16 1.0 and -3.0, F16 1.0: their bit patterns as 16-bit integers.
       {"bf16", Dtype::kBF16, {2}, native_bytes<std::uint16_t>({0x3F80, 0xC040}), "\x80\x3f\x40\xc0"s},

@@ -71,15 +71,15 @@ TEST(HeaderTest, Step4InvalidUtf8) {
 
 TEST(HeaderTest, Step5InvalidJson) {
   const char* bad[] = {
-      "",                                                          // N == 0
-      "{\"a\":",                                                   // truncated
-      "[]",                                                        // not an object
-      "{}\0\0\0\0\0\0",                                            // (NUL padding, see below)
-      R"({"a":{"dtype":"F32","shape":[1]}})",                      // missing data_offsets
-      R"({"a":{"shape":[1],"data_offsets":[0,4]}})",               // missing dtype
-      R"({"a":{"dtype":"F32","data_offsets":[0,4]}})",             // missing shape
-      R"({"a":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", // unknown dtype
-      R"({"a":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", // codes are case-sensitive
+      "",                                                           // N == 0
+      "{\"a\":",                                                    // truncated
+      "[]",                                                         // not an object
+      "{}\0\0\0\0\0\0",                                             // (NUL padding, see below)
+      R"({"a":{"dtype":"F32","shape":[1]}})",                       // missing data_offsets
+      R"({"a":{"shape":[1],"data_offsets":[0,4]}})",                // missing dtype
+      R"({"a":{"dtype":"F32","data_offsets":[0,4]}})",              // missing shape
+      R"({"a":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})",  // unknown dtype
+      R"({"a":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})",  // codes are case-sensitive
       R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
       R"({"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})",
       R"({"a":{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}})",
@@ -109,8 +109,8 @@ TEST(HeaderTest, Step5InvalidJson) {
 }
 
 TEST(HeaderTest, NullMetadataIsAbsentAndUnknownEntryFieldsAreIgnored) {
-  auto f = open_bytes(raw_file(R"({"__metadata__":null,"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"x":{"y":[1]}}})",
-                               "ab"));
+  auto f = open_bytes(
+      raw_file(R"({"__metadata__":null,"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"x":{"y":[1]}}})", "ab"));
   ASSERT_ST_OK(f);
   EXPECT_FALSE(f->metadata().has_value());
   auto g = open_bytes(raw_file(R"({"__metadata__":{"b":"1","a":"\u00e9\n"}})"));
@@ -130,8 +130,9 @@ TEST(HeaderTest, Step6InvalidOffset) {
                   kInvalidOffset);
   // A gap.
   EXPECT_ST_ERROR(
-      open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}})",
-                          std::string(3, 0))),
+      open_bytes(raw_file(
+          R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}})",
+          std::string(3, 0))),
       kInvalidOffset);
   // Overlap.
   auto f = open_bytes(raw_file(
@@ -157,8 +158,9 @@ TEST(HeaderTest, ZeroSizeTensorsMayShareAnOffset) {
 }
 
 TEST(HeaderTest, Step7ValidationOverflow) {
-  EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,4]}})",
-                                      std::string(4, 0))),
+  EXPECT_ST_ERROR(open_bytes(raw_file(
+                      R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,4]}})",
+                      std::string(4, 0))),
                   kValidationOverflow);
   // The element count fits but the bit count does not.
   EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"F64","shape":[2305843009213693952,2],"data_offsets":[0,8]}})",
@@ -169,10 +171,12 @@ TEST(HeaderTest, Step7ValidationOverflow) {
 TEST(HeaderTest, Step8MisalignedSubByteTensor) {
   EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}})", std::string(1, 0))),
                   kMisalignedSlice);
-  EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"F6_E2M3","shape":[3],"data_offsets":[0,2]}})", std::string(2, 0))),
-                  kMisalignedSlice);
+  EXPECT_ST_ERROR(
+      open_bytes(raw_file(R"({"a":{"dtype":"F6_E2M3","shape":[3],"data_offsets":[0,2]}})", std::string(2, 0))),
+      kMisalignedSlice);
   // Whole bytes are fine: 4 x F6 = 24 bits, 2 x F4 = 8 bits.
-  ASSERT_ST_OK(open_bytes(raw_file(R"({"a":{"dtype":"F6_E3M2","shape":[4],"data_offsets":[0,3]}})", std::string(3, 0))));
+  ASSERT_ST_OK(
+      open_bytes(raw_file(R"({"a":{"dtype":"F6_E3M2","shape":[4],"data_offsets":[0,3]}})", std::string(3, 0))));
   ASSERT_ST_OK(open_bytes(raw_file(R"({"a":{"dtype":"F4","shape":[2,1],"data_offsets":[0,1]}})", std::string(1, 0))));
 }
 
@@ -194,7 +198,8 @@ TEST(HeaderTest, ChecksRunInTheDocumentedOrder) {
   EXPECT_ST_ERROR(open_bytes(raw_file("{\"\xff")), kInvalidHeaderUtf8);
   // A duplicate key and a bad offset: step 5 wins over step 6.
   EXPECT_ST_ERROR(
-      open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[5,6]},"a":{"dtype":"U8","shape":[1],"data_offsets":[5,6]}})")),
+      open_bytes(raw_file(
+          R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[5,6]},"a":{"dtype":"U8","shape":[1],"data_offsets":[5,6]}})")),
       kInvalidHeaderJson);
   // Walking in offset order, the first offending tensor is reported: "b" (at 0) overflows before "a" (at 0,
   // after b in the walk because its end is larger) is looked at.
@@ -218,7 +223,8 @@ TEST(HeaderTest, ErrorsNameTheFileAndTokens) {
 TEST(HeaderTest, ParseHeaderJsonDirectly) {
   std::string json = kOneF32;
   json.append(internal::kJsonPadding, '\0');
-  auto parsed = internal::parse_header_json(std::string_view(json.data(), json.size() - internal::kJsonPadding), 4, "ctx");
+  auto parsed =
+      internal::parse_header_json(std::string_view(json.data(), json.size() - internal::kJsonPadding), 4, "ctx");
   ASSERT_ST_OK(parsed);
   EXPECT_EQ(parsed->tensors.size(), 1u);
   EXPECT_EQ(parsed->tensors[0].end, 4u);

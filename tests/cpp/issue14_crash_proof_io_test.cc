@@ -16,20 +16,20 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "posix.h"
 #include "safetensors/c.h"
 #include "safetensors/file.h"
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
-#include "posix.h"
 #include "test_util.h"
 
 namespace safetensors {
@@ -107,8 +107,9 @@ TEST_P(TruncatedAfterOpen, EveryReadPathGivesAnErrorNamingTheFileAndTheTensor) {
   // The C API over the same kind of handle.
   safetensors_file_t* c = nullptr;
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(f->size())), 0);
-  ASSERT_EQ(safetensors_open(path.c_str(), GetParam() == Backend::kMmap ? SAFETENSORS_BACKEND_MMAP : SAFETENSORS_BACKEND_PREAD,
-                             &c, nullptr),
+  ASSERT_EQ(safetensors_open(path.c_str(),
+                             GetParam() == Backend::kMmap ? SAFETENSORS_BACKEND_MMAP : SAFETENSORS_BACKEND_PREAD, &c,
+                             nullptr),
             SAFETENSORS_OK);
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(f->data_offset() + 16)), 0);
   size_t i = 0;

@@ -19,9 +19,9 @@
 namespace safetensors {
 namespace {
 
-using test::GoldenTensor;
 using test::golden_data;
 using test::golden_tensors;
+using test::GoldenTensor;
 using test::to_string;
 
 std::vector<std::byte> bytes_of(std::string_view s) {
@@ -122,7 +122,8 @@ TEST(BigEndianTest, FileWriterPartsAndLargeTensorsAreSwappedWithoutTouchingTheCa
   ASSERT_EQ(file.size(), data + kCount * 4);
   for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{262144}, kCount - 1}) {
     std::uint32_t le = 0;
-    for (int b = 3; b >= 0; --b) le = (le << 8) | static_cast<unsigned char>(file[data + 4 * i + static_cast<std::size_t>(b)]);
+    for (int b = 3; b >= 0; --b)
+      le = (le << 8) | static_cast<unsigned char>(file[data + 4 * i + static_cast<std::size_t>(b)]);
     EXPECT_EQ(le, values[i]) << i;
   }
 }

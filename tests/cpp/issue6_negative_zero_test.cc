@@ -16,8 +16,9 @@ using test::raw_file;
 TEST(Issue6NegativeZero, IsAFloatWhereAnIntegerIsRequired) {
   auto shape = open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}})"));
   EXPECT_ST_ERROR(shape, kInvalidHeaderJson);
-  EXPECT_EQ(shape.error().detail(), "`shape` of tensor `a` must hold non-negative integers below 2^64, found a "
-                                    "floating-point number");
+  EXPECT_EQ(shape.error().detail(),
+            "`shape` of tensor `a` must hold non-negative integers below 2^64, found a "
+            "floating-point number");
   EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[-0,0]}})")),
                   kInvalidHeaderJson);
   EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0, -0 ]}})")),
@@ -29,17 +30,21 @@ TEST(Issue6NegativeZero, IsIgnoredWhereTheSchemaIgnoresTheValue) {
   auto f = open_bytes(raw_file(R"({"a":{"x":[-0,-0.0,{"y":-0}],"dtype":"U8","shape":[0],"data_offsets":[0,0]}})"));
   ASSERT_ST_OK(f);
   // The header length is the file's, not that of the text the parser was given.
-  EXPECT_EQ(f->header_length(), std::string(R"({"a":{"x":[-0,-0.0,{"y":-0}],"dtype":"U8","shape":[0],"data_offsets":[0,0]}})").size());
+  EXPECT_EQ(f->header_length(),
+            std::string(R"({"a":{"x":[-0,-0.0,{"y":-0}],"dtype":"U8","shape":[0],"data_offsets":[0,0]}})").size());
 }
 
 TEST(Issue6NegativeZero, OtherSpellingsAreUnchanged) {
   // Inside strings -0 is text; -01 stays invalid JSON; -0.0 and -0e0 were floats already.
-  auto named = open_bytes(raw_file(R"({"layer-0":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"v":"-0"}})", "x"));
+  auto named = open_bytes(
+      raw_file(R"({"layer-0":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"v":"-0"}})", "x"));
   ASSERT_ST_OK(named);
   EXPECT_EQ(named->tensors()[0].name, "layer-0");
   EXPECT_EQ(named->metadata()->front().second, "-0");
-  EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[-01],"data_offsets":[0,0]}})")), kInvalidHeaderJson);
-  EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[-0e0],"data_offsets":[0,0]}})")), kInvalidHeaderJson);
+  EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[-01],"data_offsets":[0,0]}})")),
+                  kInvalidHeaderJson);
+  EXPECT_ST_ERROR(open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[-0e0],"data_offsets":[0,0]}})")),
+                  kInvalidHeaderJson);
   auto escaped = open_bytes(raw_file(R"({"a\"-0":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x"));
   ASSERT_ST_OK(escaped);
   EXPECT_EQ(escaped->tensors()[0].name, "a\"-0");

@@ -39,8 +39,9 @@ void note_free(void* p) {
 }
 
 void* counted_alloc(std::size_t n, std::size_t align, bool nothrow) {
-  void* p = align <= alignof(std::max_align_t) ? std::malloc(n ? n : 1)
-                                               : std::aligned_alloc(align, (std::max<std::size_t>(n, 1) + align - 1) / align * align);
+  void* p = align <= alignof(std::max_align_t)
+                ? std::malloc(n ? n : 1)
+                : std::aligned_alloc(align, (std::max<std::size_t>(n, 1) + align - 1) / align * align);
   if (p == nullptr && !nothrow) throw std::bad_alloc();
   note_alloc(p);
   return p;
@@ -141,8 +142,8 @@ void expect_refused(const std::string& bytes, const Expect& want, std::int64_t b
     EXPECT_EQ(f->error().kind(), want.kind) << f->error().to_string();
     EXPECT_EQ(f->error().message(), e.message()) << "the backends disagree";
     EXPECT_NE(f->error().to_string().find(path), std::string::npos) << "the error does not name the file";
-    EXPECT_LE(file_peak, budget + kSlack) << "allocated " << file_peak << " bytes opening a " << bytes.size()
-                                          << "-byte file";
+    EXPECT_LE(file_peak, budget + kSlack)
+        << "allocated " << file_peak << " bytes opening a " << bytes.size() << "-byte file";
   }
 }
 
@@ -240,11 +241,11 @@ TEST(MaliciousTest, ByteCountOverflows64Bits) {
 TEST(MaliciousTest, NotUtf8) {
   const Expect want{Kind::kInvalidHeaderUtf8, "invalid UTF-8 in header"};
   expect_refused(raw_file("{\"a\xff\":" + entry("U8", "[1]", 0, 1) + "}", "x"), want);
-  expect_refused(raw_file("{\"__metadata__\":{\"k\":\"\xc3\"}}"), want);            // truncated sequence
-  expect_refused(raw_file("{\"\xc0\xaf\":1}"), want);                               // overlong '/'
-  expect_refused(raw_file("{\"\xed\xa0\x80\":1}"), want);                           // UTF-16 surrogate
-  expect_refused(raw_file("{\"\xf4\x90\x80\x80\":1}"), want);                       // above U+10FFFF
-  expect_refused(raw_file(std::string("{}") + "\xfe\xff"), want);                   // in trailing "whitespace"
+  expect_refused(raw_file("{\"__metadata__\":{\"k\":\"\xc3\"}}"), want);  // truncated sequence
+  expect_refused(raw_file("{\"\xc0\xaf\":1}"), want);                     // overlong '/'
+  expect_refused(raw_file("{\"\xed\xa0\x80\":1}"), want);                 // UTF-16 surrogate
+  expect_refused(raw_file("{\"\xf4\x90\x80\x80\":1}"), want);             // above U+10FFFF
+  expect_refused(raw_file(std::string("{}") + "\xfe\xff"), want);         // in trailing "whitespace"
 }
 
 TEST(MaliciousTest, DuplicateTensorKeys) {

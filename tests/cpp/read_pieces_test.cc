@@ -29,8 +29,10 @@ TEST(ForEachPieceTest, CoversTheRangeInOrderWithPiecesOfAtMostTheLimit) {
   EXPECT_TRUE(got.empty());
   // No overflow near the top of the range.
   got.clear();
-  for_each_piece(UINT64_MAX, UINT64_MAX / 2 + 1, [&](std::uint64_t off, std::uint64_t len) { got.emplace_back(off, len); });
-  EXPECT_EQ(got, (std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, UINT64_MAX / 2 + 1}, {UINT64_MAX / 2 + 1, UINT64_MAX / 2}}));
+  for_each_piece(UINT64_MAX, UINT64_MAX / 2 + 1,
+                 [&](std::uint64_t off, std::uint64_t len) { got.emplace_back(off, len); });
+  EXPECT_EQ(got, (std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, UINT64_MAX / 2 + 1},
+                                                                       {UINT64_MAX / 2 + 1, UINT64_MAX / 2}}));
 }
 
 TEST(ReadPiecesTest, SplitsAtTheReadChunkAndReadsEveryByte) {

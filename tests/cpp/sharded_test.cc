@@ -78,9 +78,9 @@ TEST(ShardedWriteTest, SplitsGreedilyAndWritesTheIndexByteForByteAsTransformers)
       "  }\n}\n";
   EXPECT_EQ(plan->index_json, expected);
   EXPECT_EQ(test::read_bytes(dir.file("model.safetensors.index.json")), expected);
-  EXPECT_EQ(dir_listing(dir), (std::vector<std::string>{"model-00001-of-00002.safetensors",
-                                                        "model-00002-of-00002.safetensors",
-                                                        "model.safetensors.index.json"}));
+  EXPECT_EQ(dir_listing(dir),
+            (std::vector<std::string>{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                      "model.safetensors.index.json"}));
 
   // Each shard is exactly what save_file writes for its tensors.
   auto first = serialize(std::vector<TensorData>{fx.tensors[0], fx.tensors[1]});
@@ -99,14 +99,13 @@ TEST(ShardedWriteTest, ShardFileNamesAreOneRuleForWritingAndRecognizing) {
   EXPECT_TRUE(is_shard_file_name("m.v2", "m.v2-00012-of-123456.safetensors"));
   EXPECT_TRUE(is_shard_file_name("model", "model-100000-of-100000.safetensors"));
   // Not a name plan_shards gives for this prefix.
-  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "model-00001-of-00002.safetensors.tmp",
-                           "model-0001-of-00002.safetensors", "model-00001-of-0002.safetensors",
-                           "model-000001-of-00002.safetensors", "model-00003-of-00002.safetensors",
-                           "model-00000-of-00002.safetensors", "model-00001-of-00000.safetensors",
-                           "model-+0001-of-00002.safetensors", "model-00001_of-00002.safetensors",
-                           "other-00001-of-00002.safetensors", "xmodel-00001-of-00002.safetensors",
-                           "model-x-00001-of-00002.safetensors", "model-00001-of-00002.safetensor",
-                           "model-99999999999999999999-of-99999999999999999999.safetensors", "model", ""}) {
+  for (const char* name :
+       {"model.safetensors", "model.safetensors.index.json", "model-00001-of-00002.safetensors.tmp",
+        "model-0001-of-00002.safetensors", "model-00001-of-0002.safetensors", "model-000001-of-00002.safetensors",
+        "model-00003-of-00002.safetensors", "model-00000-of-00002.safetensors", "model-00001-of-00000.safetensors",
+        "model-+0001-of-00002.safetensors", "model-00001_of-00002.safetensors", "other-00001-of-00002.safetensors",
+        "xmodel-00001-of-00002.safetensors", "model-x-00001-of-00002.safetensors", "model-00001-of-00002.safetensor",
+        "model-99999999999999999999-of-99999999999999999999.safetensors", "model", ""}) {
     EXPECT_FALSE(is_shard_file_name("model", name)) << name;
   }
   // Every shard name a plan gives is recognized, and the index is not.
@@ -344,7 +343,7 @@ TEST(ShardedFileTest, TheIndexDecidesWhatIsVisible) {
   EXPECT_EQ(ckpt->shards()[1].path(), dir.file("B.safetensors"));
   EXPECT_EQ(ckpt->shards()[2].path(), dir.file("sub/C.safetensors"));
   EXPECT_EQ(ckpt->keys(), (std::vector<std::string_view>{"layers.0.weight", "layers.1.weight", "layers.2.weight",
-                                                          "layers.4.weight"}));
+                                                         "layers.4.weight"}));
   EXPECT_EQ(ckpt->find("layers.3.weight"), nullptr);  // in B, but not assigned to it
   EXPECT_ST_ERROR(ckpt->info("layers.5.weight"), kTensorNotFound);
   EXPECT_EQ(ckpt->shard_of(*ckpt->find("layers.0.weight")), 2u);

@@ -26,23 +26,22 @@
 namespace safetensors::test {
 
 // ASSERT_ST_OK(status_or_result): fails with the error's full text.
-#define ASSERT_ST_OK(expr)                                                     \
-  do {                                                                         \
-    const auto& st_ok_ = (expr);                                               \
-    ASSERT_TRUE(st_ok_.ok()) << st_ok_.error().to_string();                    \
+#define ASSERT_ST_OK(expr)                                  \
+  do {                                                      \
+    const auto& st_ok_ = (expr);                            \
+    ASSERT_TRUE(st_ok_.ok()) << st_ok_.error().to_string(); \
   } while (0)
-#define EXPECT_ST_OK(expr)                                                     \
-  do {                                                                         \
-    const auto& st_ok_ = (expr);                                               \
-    EXPECT_TRUE(st_ok_.ok()) << st_ok_.error().to_string();                    \
+#define EXPECT_ST_OK(expr)                                  \
+  do {                                                      \
+    const auto& st_ok_ = (expr);                            \
+    EXPECT_TRUE(st_ok_.ok()) << st_ok_.error().to_string(); \
   } while (0)
 // EXPECT_ST_ERROR(expr, kind): the expression failed with exactly this Error::Kind.
-#define EXPECT_ST_ERROR(expr, expected_kind)                                   \
-  do {                                                                         \
-    const auto& st_err_ = (expr);                                              \
-    ASSERT_FALSE(st_err_.ok()) << "expected " #expected_kind;                  \
-    EXPECT_EQ(st_err_.error().kind(), ::safetensors::Error::Kind::expected_kind) \
-        << st_err_.error().to_string();                                        \
+#define EXPECT_ST_ERROR(expr, expected_kind)                                                                     \
+  do {                                                                                                           \
+    const auto& st_err_ = (expr);                                                                                \
+    ASSERT_FALSE(st_err_.ok()) << "expected " #expected_kind;                                                    \
+    EXPECT_EQ(st_err_.error().kind(), ::safetensors::Error::Kind::expected_kind) << st_err_.error().to_string(); \
   } while (0)
 
 inline std::span<const std::byte> as_bytes(std::string_view s) {

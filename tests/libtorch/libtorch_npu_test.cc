@@ -125,7 +125,7 @@ TEST_F(LibtorchNpuTest, ASmallPoolIsRefilledOnlyAfterEachCopyCompleted) {
   auto loaded = libtorch::load(path, torch::Device("npu:0"), Backend::kMmap, {.threads = 2, .pool = &pool});
   ASSERT_ST_OK(loaded);
   const std::vector<std::int64_t> stats = copy_stats();
-  EXPECT_GE(stats[9], 20);  // queued copies, many more than the two slabs
+  EXPECT_GE(stats[9], 20);         // queued copies, many more than the two slabs
   EXPECT_EQ(stats[10], stats[1]);  // every byte copied to the device went through the queue
   expect_equal_on_cpu(*loaded, *plain);
   EXPECT_LE(pool.stats().peak_bytes, pool.capacity());

@@ -39,8 +39,8 @@ struct Fixture {
       const auto type = libtorch::to_torch_dtype(row.dtype);
       if (!type) continue;
       // 3 x 4 logical elements; F4 packs them into 3 x 2 bytes.
-      const std::vector<std::int64_t> sizes = row.dtype == Dtype::kF4 ? std::vector<std::int64_t>{3, 2}
-                                                                       : std::vector<std::int64_t>{3, 4};
+      const std::vector<std::int64_t> sizes =
+          row.dtype == Dtype::kF4 ? std::vector<std::int64_t>{3, 2} : std::vector<std::int64_t>{3, 4};
       const std::size_t nbytes = 12 * row.bits / 8;
       storage.push_back(test::random_bytes(nbytes, seed++));
       if (row.dtype == Dtype::kBool) {
@@ -102,7 +102,8 @@ TEST(LibtorchTest, SavedBytesAreTheLibrarysBytes) {
   torch::Tensor rows = base.narrow(0, 1, 2);
   ASSERT_TRUE(rows.is_contiguous());
   ASSERT_EQ(rows.storage_offset(), 3);
-  ASSERT_ST_OK(libtorch::save(dir.file("rows.safetensors"), {{"rows", rows}, {"scalar", torch::tensor(2.5, torch::kFloat64)}}));
+  ASSERT_ST_OK(
+      libtorch::save(dir.file("rows.safetensors"), {{"rows", rows}, {"scalar", torch::tensor(2.5, torch::kFloat64)}}));
   const std::vector<float> want = {3, 4, 5, 6, 7, 8};
   const double scalar = 2.5;
   const std::vector<TensorData> same_data = {

@@ -26,7 +26,7 @@ from safetensors import (
     serialize_file,
 )
 from safetensors import _safetensors_cpp as cpp
-from safetensors.numpy import load_file, save, save_file
+from safetensors.numpy import save, save_file
 
 
 def header_of(data: bytes) -> bytes:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load, load_file, load_model, save, save_file, save_model
+from safetensors.torch import load_file, load_model, save, save_file, save_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (see scripts/gpu-check.sh)")
 

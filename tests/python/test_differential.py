@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load, load_file, save, save_file
+from safetensors.torch import load, save
 
 # Every torch dtype both libraries can save and load (the reference's loader lacks F8_E8M0 and F4).
 TORCH_DTYPES = [
@@ -33,7 +33,7 @@ def state_dicts(draw):
     n = draw(st.integers(0, 8))
     names = draw(st.lists(NAMES, min_size=n, max_size=n, unique=True))
     out = {}
-    for i, name in enumerate(names):
+    for _i, name in enumerate(names):
         dtype = draw(st.sampled_from(TORCH_DTYPES))
         shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
         numel = int(np.prod(shape, dtype=np.int64))

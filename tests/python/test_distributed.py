@@ -560,7 +560,7 @@ def two_hosts():
                 pytest.skip(f"cannot create a network namespace here: {r.stderr.strip()}")
             made.append(ns)
         steps = [("link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])]
-        for ns, veth, addr in zip(NETNS, VETH, ADDRS):
+        for ns, veth in zip(NETNS, VETH):
             steps.append(("link", "set", veth, "netns", ns))
         for ns, veth, addr in zip(NETNS, VETH, ADDRS):
             steps += [("-n", ns, "addr", "add", f"{addr}/24", "dev", veth), ("-n", ns, "link", "set", veth, "up"),

@@ -47,7 +47,7 @@ def test_direct_into_numpy_and_torch_buffers(model, backend):
     path, tensors = model
     f = cpp.File(path, backend)
     plan, outs = [], []
-    for i, (name, (code, shape, begin, end)) in enumerate(f.infos()):
+    for i, (name, (_code, _shape, begin, end)) in enumerate(f.infos()):
         if i % 2:
             torch = pytest.importorskip("torch")
             out = torch.empty(end - begin, dtype=torch.uint8)

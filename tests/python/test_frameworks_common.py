@@ -383,7 +383,7 @@ class FrameworkContract:
     def test_the_reference_loads_our_files_as_we_do(self, reference_run: Dict[str, Any]) -> None:
         contexts = self.ns()["CONTEXTS"]
         for ctx_index, ctx in enumerate(contexts):
-            for i, code in enumerate(ALL_CODES):
+            for _i, code in enumerate(ALL_CODES):
                 if code not in self.reference_load_codes:
                     continue
                 key = (ctx_index, code)

@@ -12,19 +12,16 @@ The only differences allowed are the deliberate ones in README.md ("Differences 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
 import struct
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-import safetensors
-from safetensors import SafetensorError, safe_open
 
 SEED = 20240606
 COUNT = 10_240

@@ -89,8 +89,8 @@ def test_two_loaders_on_two_devices_at_once(path):
         a = f.prefetch({"big": None}, device="npu:0")
         b = f.prefetch({"big": None}, device=1)
         results = {}
-        threads = [threading.Thread(target=lambda k, l: results.__setitem__(k, l.take("big")), args=(k, l))
-                   for k, l in (("a", a), ("b", b))]
+        threads = [threading.Thread(target=lambda k, ld: results.__setitem__(k, ld.take("big")), args=(k, ld))
+                   for k, ld in (("a", a), ("b", b))]
         for t in threads:
             t.start()
         for t in threads:

@@ -351,7 +351,7 @@ def _numpy_inputs(dtypes: Any) -> Any:
 
     rng = np.random.default_rng(11)
     out = {}
-    for i, dtype in enumerate(dtypes):
+    for _i, dtype in enumerate(dtypes):
         raw = rng.integers(0, 256, 12 * np.dtype(dtype).itemsize, dtype=np.uint8)
         array = raw.view(dtype).reshape(3, 4) if dtype != "bool" else (raw % 2).astype(bool).reshape(3, 4)
         if np.dtype(dtype).kind == "f":

@@ -113,7 +113,7 @@ def test_mmap_tensors_are_zero_copy_writable_and_have_their_own_storage(tmp_path
     save_file(tensors, path)
     before = path.read_bytes()
     loaded = load_file(path)
-    for name, t in loaded.items():
+    for _name, t in loaded.items():
         # One storage per tensor, exactly its size: tied-weight detection (storage identity) must not see
         # every tensor of a file as shared.
         assert st.storage_size(t) == t.numel() * t.element_size()

@@ -25,9 +25,11 @@ int main(void) {
            safetensors_file_find(file, "w", 1, &index, &error) == SAFETENSORS_OK &&
            safetensors_file_read_into(file, index, back, sizeof back, &error) == SAFETENSORS_OK &&
            memcmp(back, values, sizeof values) == 0;
-  if (!ok) fprintf(stderr, "round trip failed: %s\n", error ? safetensors_error_message(error) : "values differ");
-  else printf("c consumer ok: safetensors %s, metadata by=%s\n", safetensors_version(),
-              safetensors_file_metadata_get(file, "by", 2, NULL));
+  if (!ok)
+    fprintf(stderr, "round trip failed: %s\n", error ? safetensors_error_message(error) : "values differ");
+  else
+    printf("c consumer ok: safetensors %s, metadata by=%s\n", safetensors_version(),
+           safetensors_file_metadata_get(file, "by", 2, NULL));
   safetensors_error_free(error);
   safetensors_file_free(file);
   safetensors_buffer_free(bytes);

@@ -17,6 +17,7 @@ int main() {
   std::vector<float> back(4);
   auto st = file->read_into("w", std::as_writable_bytes(std::span<float>(back)));
   if (!st.ok() || back != w) return std::fprintf(stderr, "round trip failed\n"), 1;
-  std::printf("consumer ok: %zu tensor, metadata by=%s\n", file->tensors().size(), file->metadata()->at(0).second.c_str());
+  std::printf("consumer ok: %zu tensor, metadata by=%s\n", file->tensors().size(),
+              file->metadata()->at(0).second.c_str());
   return 0;
 }
