@@ -2,9 +2,12 @@
 #include "posix.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <memory>
 
 #include "safetensors/file.h"
 #include "safetensors/writer.h"
@@ -44,6 +47,93 @@ TEST(PosixTest, ReadsAndWritesRetryOnEintrAndShortTransfers) {
   ASSERT_ST_OK(f->read_into("w", got));
   EXPECT_EQ(got, data);
   EXPECT_GT(g_interrupts.load(), 200);
+}
+
+// What the counting madvise saw: populate calls and the bytes they covered.
+std::atomic<int> g_populates{0};
+std::atomic<std::size_t> g_populated{0};
+
+int counting_madvise(void* addr, std::size_t length, int advice) {
+  if (advice == 23 /* MADV_POPULATE_WRITE */) {
+    g_populates.fetch_add(1);
+    g_populated.fetch_add(length);
+  }
+  return internal::real_syscalls().madvise(addr, length, advice);
+}
+
+// Anonymous memory no one has touched, as a fresh allocation of this size is.
+struct FreshMemory {
+  explicit FreshMemory(std::size_t n) : size(n) {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    base = static_cast<std::byte*>(p);
+  }
+  ~FreshMemory() { ::munmap(base, size); }
+  std::byte* base;
+  std::size_t size;
+};
+
+// Issue 16: a read into memory that is not there yet faults each kFillStep step in (one MADV_POPULATE_WRITE)
+// just before filling it, whatever the destination's alignment against the file offset; memory already
+// resident and small destinations are left to the copy. The bytes are the file's either way.
+TEST(PosixTest, ReadsPrefaultEachStepOfFreshMemoryOnly) {
+  test::TempDir dir;
+  constexpr std::size_t kBytes = 4 * internal::kFillStep + 1000;  // 5 steps, the last one short
+  std::vector<std::byte> data = test::random_bytes(kBytes, 16);
+  std::vector<std::byte> small = test::random_bytes(1000, 17);
+  const std::string path = dir.file("x.safetensors");
+  const std::vector<TensorData> ts = {{"small", Dtype::kU8, {1000}, small}, {"w", Dtype::kU8, {kBytes}, data}};
+  ASSERT_ST_OK(save_file(path, ts));
+  internal::Syscalls counting = internal::real_syscalls();
+  counting.madvise = counting_madvise;
+  internal::ScopedSyscalls scope(counting);
+  for (Backend backend : {Backend::kPread, Backend::kMmap}) {
+    auto f = File::open(path, {.backend = backend});
+    ASSERT_ST_OK(f);
+    // Fresh memory, the destination 100 bytes into a page (not congruent with the file offset).
+    FreshMemory fresh(kBytes + 8192);
+    const std::span<std::byte> dst(fresh.base + 100, kBytes);
+    g_populates = 0;
+    g_populated = 0;
+    ASSERT_ST_OK(f->read_into("w", dst));
+    EXPECT_EQ(std::memcmp(dst.data(), data.data(), kBytes), 0);
+    EXPECT_EQ(g_populates.load(), 4);  // the 1000-byte tail is under the 64 KiB floor
+    EXPECT_GE(g_populated.load(), 4 * internal::kFillStep);
+    // The same memory again: resident now, so nothing is populated.
+    g_populates = 0;
+    ASSERT_ST_OK(f->read_into("w", dst));
+    EXPECT_EQ(g_populates.load(), 0);
+    EXPECT_EQ(std::memcmp(dst.data(), data.data(), kBytes), 0);
+    // A small tensor into fresh memory: under the floor.
+    FreshMemory tiny(4096);
+    ASSERT_ST_OK(f->read_into("small", std::span<std::byte>(tiny.base, 1000)));
+    EXPECT_EQ(g_populates.load(), 0);
+    EXPECT_EQ(std::memcmp(tiny.base, small.data(), 1000), 0);
+  }
+}
+
+// Populating is advice: where the kernel refuses it the read still fills the memory.
+TEST(PosixTest, ReadsFillMemoryWhosePopulateFails) {
+  test::TempDir dir;
+  constexpr std::size_t kBytes = 2 * internal::kFillStep;
+  std::vector<std::byte> data = test::random_bytes(kBytes, 18);
+  const std::string path = dir.file("x.safetensors");
+  const std::vector<TensorData> ts = {{"w", Dtype::kU8, {kBytes}, data}};
+  ASSERT_ST_OK(save_file(path, ts));
+  internal::Syscalls refusing = internal::real_syscalls();
+  refusing.madvise = [](void*, std::size_t, int) -> int {
+    g_populates.fetch_add(1);
+    errno = EINVAL;
+    return -1;
+  };
+  internal::ScopedSyscalls scope(refusing);
+  auto f = File::open(path, {.backend = Backend::kPread});
+  ASSERT_ST_OK(f);
+  FreshMemory fresh(kBytes);
+  g_populates = 0;
+  ASSERT_ST_OK(f->read_into("w", std::span<std::byte>(fresh.base, kBytes)));
+  EXPECT_EQ(g_populates.load(), 2);
+  EXPECT_EQ(std::memcmp(fresh.base, data.data(), kBytes), 0);
 }
 
 TEST(PosixTest, ErrnoMapping) {
