@@ -11,7 +11,9 @@
  *                                               0: the whole file in one call) handed out to THREADS threads,
  *                                               into: MEMORY=0 one buffer faulted in before the first
  *                                               repetition, 1 new memory each repetition, 2 new memory with
- *                                               MADV_HUGEPAGE each repetition
+ *                                               MADV_HUGEPAGE each repetition, 3 new memory each repetition,
+ *                                               each 512 KiB step of a piece faulted in with
+ *                                               MADV_POPULATE_WRITE just before it is read
  *   ceilings write  FILE  BYTES THREADS REPS FSYNC
  *                                               write BYTES from a pre-faulted buffer to a new FILE with
  *                                               pwrite in 8 MiB pieces (FSYNC=1: then fsync the file and its
@@ -51,6 +53,11 @@ static void die(const char* what) {
 }
 
 static int huge = 0;
+static int populate = 0; /* pread: fault each step in with MADV_POPULATE_WRITE before reading it */
+static const size_t step = (size_t)512 << 10;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 static unsigned char* fresh(size_t n) {
   void* p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -96,7 +103,13 @@ static void* worker(void* arg) {
         break;
       case OP_PREAD:
         while (n) {
-          ssize_t got = pread(j->fd, j->dst + off, n, (off_t)off);
+          size_t want = n;
+          if (populate) {
+            want = n < step ? n : step;
+            /* dst is page-aligned, and so is every step of it (pieces and steps are whole pages) */
+            (void)madvise(j->dst + off, want, MADV_POPULATE_WRITE);
+          }
+          ssize_t got = pread(j->fd, j->dst + off, want, (off_t)off);
           if (got < 0 && errno == EINTR) continue;
           if (got <= 0) {
             atomic_store(&j->failed, 1);
@@ -199,6 +212,7 @@ int main(int argc, char** argv) {
     j.bytes = (size_t)st.st_size;
     fresh_each = atoi(argv[5]) != 0;
     huge = atoi(argv[5]) == 2;
+    populate = atoi(argv[5]) == 3;
     if (argc > 6) {
       size_t mib = strtoull(argv[6], NULL, 10);
       piece = mib ? mib << 20 : (j.bytes ? j.bytes : 1);
