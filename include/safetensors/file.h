@@ -14,6 +14,11 @@
 // positional read on both backends, so these come back as kIo naming the file and the tensor, never as
 // SIGBUS. Only the bytes of a zero-copy view() are unprotected (see view()).
 //
+// Destination memory: reads fill a destination 512 KiB at a time, and where a step's pages are not there yet
+// (memory never touched, as a new allocation is) they are faulted in first with one MADV_POPULATE_WRITE: a
+// read into new memory costs one page fault per 4 KiB otherwise, taken mid-copy wherever the destination is
+// not congruent with the file offset modulo the page size. Memory already resident costs one mincore per step.
+//
 // Thread safety: a File is immutable after open(); it is safe for concurrent use by multiple threads (reads are
 // positional and share no cursor). Copying a File is cheap and shares the underlying state.
 //
