@@ -18,7 +18,6 @@ from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
 from . import _strategies
 from ._prefetch import PrefetchLoader, TensorStream
-from ._slicing import parse_index
 from ._strategies import HOST_SWAPS, _Reader
 
 __all__ = [
@@ -272,10 +271,10 @@ class safe_open:
 
     def get_slice(self, name: str) -> "PySafeSlice":
         """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
-        reader = self._open()
-        if name not in reader.file:
-            reader.file.info(name)  # raises the reference's "File does not contain tensor" error
-        return PySafeSlice(reader, name)
+        reader = self._reader
+        if reader is None:
+            raise SafetensorError("File is closed")
+        return reader.file.slice(name, reader)  # raises the reference's "File does not contain tensor" error
 
     def get_tensor_meta(self, name: str) -> "TensorMeta":
         """Tensor ``name``'s header entry (dtype code, shape, data offsets); no data is read."""
@@ -343,39 +342,9 @@ class TensorMeta:
                 f"({self._offsets[0]}, {self._offsets[1]}) }}")
 
 
-class PySafeSlice:
-    """A tensor not read yet: ``get_shape()``, ``get_dtype()``, and ``[index]`` with numpy semantics."""
-
-    __slots__ = ("_reader", "_name")
-
-    def __init__(self, reader: _Reader, name: str) -> None:
-        self._reader = reader
-        self._name = name
-
-    def get_shape(self) -> List[int]:
-        return self._reader.file.shape(self._name)
-
-    def get_dtype(self) -> str:
-        return self._reader.file.dtype(self._name)
-
-    def __len__(self) -> int:
-        shape = self._reader.file.shape(self._name)
-        if not shape:
-            raise TypeError("len() of a 0-d tensor")
-        return shape[0]
-
-    def __getitem__(self, index: Any) -> Any:
-        reader = self._reader
-        code, shape, _, _ = reader.file.info(self._name)
-        try:
-            plan = parse_index(index, len(shape))
-            return _strategies.get_slice(reader, self._name, code, plan)
-        except SafetensorSliceError as e:
-            # Refused: where the reference refuses the same index too, its exact words.
-            text = reader.adapter.reference_slice_error(reader, index, code, shape)
-            if text is None:
-                raise
-            raise SafetensorSliceError(text) from e
+# A tensor not read yet: get_shape(), get_dtype(), len() and [index] (numpy semantics); native, see
+# python/src/module.cc. Its [index] is _Reader.slice_item.
+PySafeSlice = _cpp.PySafeSlice
 
 
 class _safe_open_handle(safe_open):

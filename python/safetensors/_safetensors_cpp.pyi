@@ -22,6 +22,19 @@ class SlicePlan:
     @property
     def is_whole(self) -> bool: ...
 
+class PySafeSlice:
+    """
+    A tensor not read yet: get_shape(), get_dtype(), and [index] with numpy semantics.
+    """
+
+    def get_shape(self) -> list[int]: ...
+
+    def get_dtype(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: object) -> object: ...
+
 class File:
     """An open, validated safetensors file (or in-memory bytes)."""
 
@@ -68,6 +81,11 @@ class File:
 
     def shape(self, name: str) -> list[int]:
         """A tensor's shape, as a new list."""
+
+    def slice(self, name: str, reader: object) -> PySafeSlice:
+        """
+        The PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).
+        """
 
     def dtype(self, name: str) -> str:
         """A tensor's dtype code, e.g. "F32"."""

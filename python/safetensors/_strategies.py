@@ -33,6 +33,7 @@ import sys
 from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 from . import _safetensors_cpp as _cpp
+from ._slicing import parse_index
 
 Info = Tuple[str, Tuple[int, ...], int, int]  # (code, shape, begin, end) in data-buffer offsets
 
@@ -86,6 +87,18 @@ class _Reader:
         if self._keys is None:
             self._keys = self.file.keys()
         return list(self._keys)  # callers may mutate what they get
+
+    def slice_item(self, name: str, index: Any) -> Any:
+        """``get_slice(name)[index]`` (PySafeSlice.__getitem__): numpy's indexing, the reference's refusals."""
+        code, shape, _, _ = self.file.info(name)
+        try:
+            return get_slice(self, name, code, parse_index(index, len(shape)))
+        except _cpp.SafetensorSliceError as e:
+            # Refused: where the reference refuses the same index too, its exact words.
+            text = self.adapter.reference_slice_error(self, index, code, shape)
+            if text is None:
+                raise
+            raise _cpp.SafetensorSliceError(text) from e
 
 
 # -- building from exports ------------------------------------------------------------------------------------

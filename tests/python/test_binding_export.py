@@ -193,3 +193,30 @@ def test_a_dtype_torch_lacks_is_named(tmp_path):
         with safe_open(path, "pt", backend=backend) as f:
             with pytest.raises(SafetensorError, match="dtype F6_E2M3 has no torch equivalent"):
                 f.get_tensor("F6_E2M3")
+
+
+def test_get_slice_is_the_native_handle_and_answers_from_the_header(tmp_path):
+    # Issue 16: PySafeSlice is native (get_shape/get_dtype/len without a Python frame); [index] goes through
+    # the reader, which keeps the file open after the safe_open that made it is closed.
+    path = str(tmp_path / "s.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"m": torch.arange(12, dtype=torch.int16).reshape(3, 4), "s": torch.tensor(7.5)}, path)
+    with safe_open(path, "pt") as f:
+        m, s = f.get_slice("m"), f.get_slice("s")
+        assert type(m) is _cpp.PySafeSlice
+        with pytest.raises(SafetensorError, match="File does not contain tensor nope"):
+            f.get_slice("nope")
+    shape = m.get_shape()
+    assert shape == [3, 4] and m.get_dtype() == "I16" and len(m) == 3
+    shape.append(9)  # a new list each time
+    assert m.get_shape() == [3, 4]
+    with pytest.raises(TypeError, match="len\\(\\) of a 0-d tensor"):
+        len(s)
+    assert s.get_shape() == [] and s.get_dtype() == "F32" and s[...].item() == 7.5
+    assert torch.equal(m[1:, ::2], torch.arange(12, dtype=torch.int16).reshape(3, 4)[1:, ::2])
+    assert m[None].shape == (1, 3, 4)
+    with pytest.raises(SafetensorSliceError):
+        m[0, 0, 0]
+    with pytest.raises(SafetensorError, match="File is closed"):
+        f.get_slice("m")
