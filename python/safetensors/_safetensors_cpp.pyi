@@ -24,16 +24,18 @@ class SlicePlan:
 
 class PySafeSlice:
     """
-    A tensor not read yet: get_shape(), get_dtype(), and [index] with numpy semantics.
+    A tensor not read yet: get_shape(), get_dtype(), len() and [index] with numpy semantics (read through safe_open's reader).
     """
-
-    def get_shape(self) -> list[int]: ...
-
-    def get_dtype(self) -> str: ...
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: object) -> object: ...
+    def __getitem__(self, index: object, /) -> object: ...
+
+    def get_shape(self) -> list[int]:
+        """The tensor's shape, as a new list."""
+
+    def get_dtype(self) -> str:
+        """The tensor's dtype code, e.g. "F32"."""
 
 class File:
     """An open, validated safetensors file (or in-memory bytes)."""

@@ -28,6 +28,7 @@
 
 #include "common.h"
 #include "export.h"
+#include "py_slice.h"
 #include "safetensors/dtype.h"
 #include "safetensors/error.h"
 #include "safetensors/file.h"
@@ -106,15 +107,6 @@ nb::tuple shape_tuple(std::span<const std::uint64_t> shape) {
 nb::list shape_list(std::span<const std::uint64_t> shape) {
   return make_list(shape.size(), [&](std::size_t i) { return nb::steal(PyLong_FromUnsignedLongLong(shape[i])); });
 }
-
-// safe_open.get_slice's handle on a tensor not read yet. Shape, dtype and length come from the header here,
-// one native call each (20,000 get_slice(k).get_shape() calls are most of an "open + every shape" pass); an
-// index is passed to the Python reader, which plans and reads it (reader.slice_item, _strategies.py).
-struct PySlice {
-  nb::object file;    // the File: keeps `tensor` alive
-  nb::object reader;  // the _Reader it came from
-  const TensorInfo* tensor;
-};
 
 // A Python int (or anything with __index__) as the slicer's 64-bit position. A bound beyond 64 bits is
 // equivalent to the limit (Python clamps slices), and an integer index beyond them is out of bounds either way.
@@ -240,32 +232,7 @@ NB_MODULE(_safetensors_cpp, m) {
       .def_prop_ro("nbytes", &SlicePlan::nbytes)
       .def_prop_ro("is_whole", &SlicePlan::is_whole);
 
-  nb::class_<PySlice>(m, "PySafeSlice",
-                      "A tensor not read yet: get_shape(), get_dtype(), and [index] with numpy semantics.")
-      .def(
-          "get_shape", [](const PySlice& s) { return shape_list(s.tensor->shape); },
-          nb::sig("def get_shape(self) -> list[int]"))
-      .def(
-          "get_dtype",
-          [](const PySlice& s) {
-            const std::string_view code = dtype_code(s.tensor->dtype);
-            return nb::str(code.data(), code.size());
-          },
-          nb::sig("def get_dtype(self) -> str"))
-      .def("__len__",
-           [](const PySlice& s) {
-             if (s.tensor->shape.empty()) {
-               PyErr_SetString(PyExc_TypeError, "len() of a 0-d tensor");
-               throw nb::python_error();
-             }
-             return s.tensor->shape[0];
-           })
-      .def(
-          "__getitem__",
-          [](const PySlice& s, nb::handle index) {
-            return s.reader.attr("slice_item")(make_str(s.tensor->name), index);
-          },
-          "index"_a.none(), nb::sig("def __getitem__(self, index: object) -> object"));
+  bind_py_slice(m);
 
   nb::class_<File>(m, "File", "An open, validated safetensors file (or in-memory bytes).")
       .def(
@@ -327,8 +294,7 @@ NB_MODULE(_safetensors_cpp, m) {
       .def(
           "slice",
           [](nb::handle self, std::string_view name, nb::handle reader) {
-            const TensorInfo* t = check(nb::cast<const File&>(self).info(name));
-            return PySlice{nb::borrow(self), nb::borrow(reader), t};
+            return make_py_slice(self, reader, check(nb::cast<const File&>(self).info(name)));
           },
           "name"_a, "reader"_a, nb::sig("def slice(self, name: str, reader: object) -> PySafeSlice"),
           "The PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).")
