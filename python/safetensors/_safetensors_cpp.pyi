@@ -81,16 +81,10 @@ class File:
         (dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.
         """
 
-    def shape(self, name: str) -> list[int]:
-        """A tensor's shape, as a new list."""
-
     def slice(self, name: str, reader: object) -> PySafeSlice:
         """
         The PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).
         """
-
-    def dtype(self, name: str) -> str:
-        """A tensor's dtype code, e.g. "F32"."""
 
     def dtypes(self) -> list[str]:
         """The dtype codes the file's tensors use, each once, in rank order."""

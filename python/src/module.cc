@@ -103,11 +103,6 @@ nb::tuple shape_tuple(std::span<const std::uint64_t> shape) {
   return nb::borrow<nb::tuple>(t);
 }
 
-// A tensor's shape as a new list, as get_shape() returns it.
-nb::list shape_list(std::span<const std::uint64_t> shape) {
-  return make_list(shape.size(), [&](std::size_t i) { return nb::steal(PyLong_FromUnsignedLongLong(shape[i])); });
-}
-
 // A Python int (or anything with __index__) as the slicer's 64-bit position. A bound beyond 64 bits is
 // equivalent to the limit (Python clamps slices), and an integer index beyond them is out of bounds either way.
 std::int64_t clamped_index(nb::handle value) {
@@ -289,22 +284,12 @@ NB_MODULE(_safetensors_cpp, m) {
           nb::sig("def info(self, name: str) -> tuple[str, tuple[int, ...], int, int]"),
           "(dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.")
       .def(
-          "shape", [](const File& f, std::string_view name) { return shape_list(check(f.info(name))->shape); },
-          "name"_a, nb::sig("def shape(self, name: str) -> list[int]"), "A tensor's shape, as a new list.")
-      .def(
           "slice",
           [](nb::handle self, std::string_view name, nb::handle reader) {
             return make_py_slice(self, reader, check(nb::cast<const File&>(self).info(name)));
           },
           "name"_a, "reader"_a, nb::sig("def slice(self, name: str, reader: object) -> PySafeSlice"),
           "The PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).")
-      .def(
-          "dtype",
-          [](const File& f, std::string_view name) {
-            const std::string_view code = dtype_code(check(f.info(name))->dtype);
-            return nb::str(code.data(), code.size());
-          },
-          "name"_a, "A tensor's dtype code, e.g. \"F32\".")
       .def(
           "dtypes",
           [](const File& f) {
