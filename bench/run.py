@@ -415,6 +415,37 @@ class Ceilings:
                      [(1, lambda: self._run("write", path, size, 1, self.reps, 1))])
 
 
+class FreshCeiling:
+    """Case 8's ceiling as a row of its rounds, served like a worker: each request runs bench/ceilings.c once,
+    a new process, after the same idle and the same eviction (or warming) as the loads beside it, so it meets
+    the memory and page cache they meet. The in-process ceilings above recycle memory unmapped a moment
+    before, which a new process after a pause does not get (on a VM with free page reporting that memory has
+    gone back to the host and each page is faulted in again on first touch)."""
+
+    def __init__(self, exe: Optional[Path]) -> None:
+        self.exe = exe
+
+    def __call__(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        if self.exe is None:
+            raise MeasurementError("no C compiler: ceiling not measured")
+        path = request["path"]
+        if request.get("idle"):
+            time.sleep(request["idle"])
+        resident = worker.evict(path) if request["evict"] else None
+        if not request["evict"]:
+            worker.warm(path)
+        out = subprocess.run([str(self.exe), "pread", path, str(request["threads"]), "1", str(request["memory"])],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise MeasurementError(out.stderr.strip())
+        r = json.loads(out.stdout)
+        return {"seconds": r["seconds"][0], "bytes": r["bytes"],
+                **({"resident_before": resident} if resident is not None else {})}
+
+    def close(self) -> None:
+        pass
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The cases
 
@@ -643,6 +674,17 @@ class Bench:
                         self.repeat(f"8/{temp}/{size or 'tiny'}/{row}", "8", group, f"{IMPL[impl]}: {what}", server,
                                     {"op": "load", "method": method, "path": st, "pt": pt, "evict": temp == "cold",
                                      "idle": self.cfg["fresh_idle"]})
+                    if size is not None and "fresh_ceiling" in self.servers:
+                        # The machine's best buffered read into fresh memory in the loads' own conditions:
+                        # each 512 KiB step faulted in first (the faster way in the in-process ceilings), on
+                        # all CPUs warm and 8 threads cold (the best of the cold ceilings above).
+                        threads = 8 if temp == "cold" else os.cpu_count() or 1
+                        self.repeat(f"C/fresh_proc/{temp}/{size}", "C", name,
+                                    f"{temp} pread into fresh memory in a new process after "
+                                    f"{self.cfg['fresh_idle']:g} s idle, each 512 KiB step faulted in first "
+                                    f"({threads} threads)", "fresh_ceiling",
+                                    {"path": st, "evict": temp == "cold", "idle": self.cfg["fresh_idle"],
+                                     "threads": threads, "memory": 3})
         finally:
             for p in (st, pt):
                 if p and os.path.exists(p):
@@ -761,14 +803,18 @@ def targets(cfg: Dict[str, Any], res: Results) -> List[Dict[str, Any]]:
             ours = res.get(f"8/{temp}/{size}/ours")
             peers = [r for r in (res.get(f"8/{temp}/{size}/{p}") for p in PEER_ROWS) if r and not r.get("error")]
             fastest = min(peers, key=median) if peers else None
+            ceiling = fresh_ceiling(res, temp, size) if size != "tiny" else None
             if fastest is not None:
                 ratio_target(f"8/{temp}/{size}/ours", f"fresh-process load, {temp}, {s}, vs the fastest peer "
                              f"({fastest['label'].split(': ')[0]})", ours, fastest, 1.1)
+                if ceiling and out[-1]["met"] is False and 1.1 * gbps(fastest) > 0.9 * gbps(ceiling):
+                    # The issue's rule: a target that the same run's ceiling makes impossible is restated as
+                    # a fraction of that ceiling (the next row; the reason is in the notes below the table).
+                    out[-1].update(met=None, restated=True, wanted=">= 1.1x, restated as the next row")
             else:
                 out.append({"key": f"8/{temp}/{size}/ours", "what": f"fresh-process load, {temp}, {s}, vs the "
                             "fastest peer", "text": "no peer ran", "wanted": ">= 1.1x", "met": None})
             if size != "tiny":
-                ceiling = fresh_ceiling(res, temp, size)
                 ratio_target(f"8/{temp}/{size}/ours", f"fresh-process load, {temp}, {s}, vs "
                              f"{ceiling['label'] if ceiling else 'the ' + temp + ' pread ceiling'}", ours, ceiling, 0.9,
                              bandwidth=True)
@@ -785,8 +831,12 @@ def targets(cfg: Dict[str, Any], res: Results) -> List[Dict[str, Any]]:
 
 
 def fresh_ceiling(res: "Results", temp: str, size: int) -> Optional[Dict[str, Any]]:
-    """What case 8's loads of `size` are held against: cold, the cold pread ceiling; warm, the faster of the two
-    ways of reading into fresh memory (plain, or each step faulted in first), so the target is the machine's best."""
+    """What case 8's loads of `size` are held against: the same read in a new process in the loads' own rounds
+    (FreshCeiling) where it was measured; otherwise cold, the cold pread ceiling, and warm, the faster of the
+    two ways of reading into fresh memory (plain, or each step faulted in first)."""
+    own = res.get(f"C/fresh_proc/{temp}/{size}")
+    if own and not own.get("error"):
+        return own
     if temp == "cold":
         return res.get(f"C/pread_cold/{size}")
     rows = [r for r in (res.get(f"C/pread_fresh/{size}"), res.get(f"C/pread_fresh_pop/{size}")) if r]
@@ -843,9 +893,17 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
             if peers and c:
                 best = max(gbps(r) for r in peers)
                 if 1.1 * best > 0.9 * gbps(c):
+                    fastest = max(peers, key=gbps)
+                    why = ""
+                    if best > gbps(c) and fastest is res.get(f"8/{temp}/{size}/fst_odirect"):
+                        why = (f" The fastest peer ({fastest['label'].split(': ')[0]}, O_DIRECT) is faster than the "
+                               "ceiling itself: it reads past the page cache, so it needs no page-cache memory "
+                               "beside the tensors', and leaves the file uncached for the next process. This "
+                               "package reads through the page cache, as the reference's mmap does, so that a "
+                               "second load (another rank, the next run) finds the file warm.")
                     out.append(f"1.1x the fastest peer ({temp}, {size_name(size)}) is {1.1 * best:.2f} GB/s, above 90% "
                                f"of this run's ceiling '{c['label']}' ({gbps(c):.2f} GB/s): there the target is "
-                               ">= 90% of that ceiling instead.")
+                               f">= 90% of that ceiling instead.{why}")
     # Slicing into new torch tensors pays at least the first touch of the slices' pages.
     size = cfg["slice_size"]
     ref, touch = res.get(f"6/{size}/mmap/ref"), res.get(f"C/touch/{size}")
@@ -866,6 +924,8 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
 def mark(t: Dict[str, Any]) -> str:
     if t.get("info"):
         return ""
+    if t.get("restated"):
+        return "restated"
     if t["met"] is None:
         return "not measured"
     return "**met**" if t["met"] else "**not met**"
@@ -898,9 +958,11 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
     for t in tgts:
         L.append(f"| {t['what']} | {t.get('wanted', '')} | {t['text']} | {mark(t)} |")
     met = sum(1 for t in tgts if t["met"])
-    real = [t for t in tgts if not t.get("info")]
+    real = [t for t in tgts if not t.get("info") and not t.get("restated")]
+    restated = len([t for t in tgts if t.get("restated")])
     L += ["", f"{met} of {len(real)} met, {sum(1 for t in real if t['met'] is False)} not met, "
-          f"{sum(1 for t in real if t['met'] is None)} not measured.", ""]
+          f"{sum(1 for t in real if t['met'] is None)} not measured"
+          f"{f'; {restated} restated as a fraction of a ceiling (counted there)' if restated else ''}.", ""]
     if res.notes:
         L += ["Notes from this run:", ""] + [f"- {n}" for n in res.notes] + [""]
     if plot is not None:
@@ -928,7 +990,9 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
           "- Ceilings (bench/ceilings.c, same run, best of 1 and all CPUs as threads; cold also 8): memcpy "
           "between pre-faulted buffers; first touch = one memset into freshly mmap'ed memory (the page faults and "
           "zeroing any load into new memory pays); pread of the file in 8 MiB pieces into a pre-faulted buffer "
-          "(warm and cold) and into fresh memory.",
+          "(warm and cold) and into fresh memory. Case 8's loads are held against the same read (fresh memory, "
+          "each 512 KiB step faulted in first) run as a row of their own rounds: a new process each time, after "
+          "the same idle and eviction or warming.",
           "- Save: a fresh child builds the tensors (every page written), then the timed call writes them; peak "
           "RSS is the peak during the call above the RSS just before it (the tensors). The reference has no fsync "
           "option: for it, torch.save and numpy the file and its directory are fsynced after writing, which is "
@@ -1251,6 +1315,8 @@ def main() -> int:
     results = Results()
     results.notes.extend(results_notes)
     ceilings = Ceilings(build_ceilings(outdir), results, cfg["reps"])
+    if "8" in cfg["cases"]:
+        servers["fresh_ceiling"] = FreshCeiling(ceilings.exe)
     bench = Bench(cfg, tmpdir, servers, ceilings, results, can_evict)
     try:
         if bench.want("1") or bench.want("7"):
