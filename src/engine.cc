@@ -700,7 +700,7 @@ struct Prefetcher::Impl {
     consumer_cv.notify_all();
   }
 
-  // Readahead for a chunk a reader will soon take (see internal::kReadaheadPieces).
+  // Readahead for a chunk a reader will soon take (internal::hint_ahead).
   void hint(const Chunk& chunk) const { source->prefetch(data_offset + chunk.lo, chunk.hi - chunk.lo); }
 
   void reader() {
@@ -708,10 +708,7 @@ struct Prefetcher::Impl {
       if (stop.load(std::memory_order_acquire)) return;
       const std::size_t c = next_chunk.fetch_add(1, std::memory_order_relaxed);
       if (c >= chunks.size()) return;
-      if (c == 0) {
-        for (std::size_t k = 0; k < std::min(chunks.size(), internal::kReadaheadPieces); ++k) hint(chunks[k]);
-      }
-      if (c + internal::kReadaheadPieces < chunks.size()) hint(chunks[c + internal::kReadaheadPieces]);
+      internal::hint_ahead(c, chunks.size(), [&](std::size_t k) { hint(chunks[k]); });
       const Chunk& chunk = chunks[c];
       const std::uint64_t length = chunk.hi - chunk.lo;
       if (chunk.dst != nullptr) {

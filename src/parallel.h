@@ -28,6 +28,17 @@ inline unsigned default_threads(std::uint64_t total_bytes, std::uint64_t piece_b
 // unchanged). Four 8 MiB pieces keep about 32 MiB in flight.
 inline constexpr std::size_t kReadaheadPieces = 4;
 
+// The readahead schedule over `count` pieces read in order, for the reader that has just taken piece `i`:
+// the taker of piece 0 hints pieces [0, kReadaheadPieces), and the taker of piece i hints piece
+// i + kReadaheadPieces, so that many pieces stay hinted ahead of the readers. Calls hint(k) for each piece k.
+template <typename Hint>
+void hint_ahead(std::size_t i, std::size_t count, Hint&& hint) {
+  if (i == 0) {
+    for (std::size_t k = 0; k < std::min(count, kReadaheadPieces); ++k) hint(k);
+  }
+  if (i + kReadaheadPieces < count) hint(i + kReadaheadPieces);
+}
+
 // The one piece splitter: calls f(offset, length) for consecutive pieces of at most `piece` bytes covering
 // [0, size), in order. REQUIRES: piece > 0.
 template <typename F>

@@ -20,14 +20,9 @@ void split_read(const Source& source, std::uint64_t source_offset, std::span<std
 Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsigned threads) {
   if (pieces.empty()) return ok_status();
   if (threads == 0) threads = default_threads(total, kReadChunk);
-  for (std::size_t i = 0; i < std::min(pieces.size(), kReadaheadPieces); ++i) {
-    pieces[i].source->prefetch(pieces[i].source_offset, pieces[i].length);
-  }
   return run_parallel(pieces.size(), threads, [&](std::size_t i) -> Status {
-    if (i + kReadaheadPieces < pieces.size()) {
-      const ReadPiece& ahead = pieces[i + kReadaheadPieces];
-      ahead.source->prefetch(ahead.source_offset, ahead.length);
-    }
+    hint_ahead(i, pieces.size(),
+               [&](std::size_t k) { pieces[k].source->prefetch(pieces[k].source_offset, pieces[k].length); });
     const ReadPiece& p = pieces[i];
     const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
     const std::span<std::byte> dst(p.dst, p.length);

@@ -43,8 +43,8 @@ void split_read(const Source& source, std::uint64_t source_offset, std::span<std
 
 // Reads every piece with up to `threads` threads (0 = by `total`, the pieces' bytes, and the hardware); the
 // first error wins. Pieces are handed out in order, so pieces of different requests -- or files -- appended
-// in turn are read side by side, and each reader hints its piece's Source kReadaheadPieces ahead
-// (Source::prefetch). Every read is a positional read (read_exact), so a file that shrank or fails
+// in turn are read side by side, and the readers hint their pieces' Sources ahead (hint_ahead,
+// Source::prefetch). Every read is a positional read (read_exact), so a file that shrank or fails
 // underneath gives kIo, even on the mmap backend; the pieces keep a warm read as fast as copying out of the
 // mapping.
 Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsigned threads);

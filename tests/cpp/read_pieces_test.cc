@@ -1,8 +1,10 @@
-// src/parallel.h's for_each_piece (the one piece splitter) and src/read_pieces.h (reads cut by it).
+// src/parallel.h's for_each_piece (the one piece splitter) and hint_ahead (the one readahead schedule), and
+// src/read_pieces.h (reads cut by the one, hinted by the other).
 #include "read_pieces.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -33,6 +35,24 @@ TEST(ForEachPieceTest, CoversTheRangeInOrderWithPiecesOfAtMostTheLimit) {
                  [&](std::uint64_t off, std::uint64_t len) { got.emplace_back(off, len); });
   EXPECT_EQ(got, (std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, UINT64_MAX / 2 + 1},
                                                                        {UINT64_MAX / 2 + 1, UINT64_MAX / 2}}));
+}
+
+TEST(HintAheadTest, HintsEveryPieceOnceAndKeepsTheReadaheadWindowAheadOfTheReader) {
+  for (std::size_t count : {0u, 1u, 3u, 4u, 5u, 9u}) {
+    std::vector<int> hinted(count, 0);
+    for (std::size_t i = 0; i < count; ++i) {
+      hint_ahead(i, count, [&](std::size_t k) {
+        ASSERT_LT(k, count);
+        ++hinted[k];
+      });
+      // When piece i is read, it and the kReadaheadPieces - 1 after it (those that exist) have been hinted.
+      for (std::size_t k = 0; k < std::min(count, i + kReadaheadPieces); ++k) {
+        EXPECT_EQ(hinted[k], 1) << "count " << count << ", piece " << k << " when piece " << i << " is taken";
+      }
+      for (std::size_t k = i + kReadaheadPieces + 1; k < count; ++k) EXPECT_EQ(hinted[k], 0);
+    }
+    EXPECT_EQ(hinted, std::vector<int>(count, 1)) << "count " << count;
+  }
 }
 
 TEST(ReadPiecesTest, SplitsAtTheReadChunkAndReadsEveryByte) {
