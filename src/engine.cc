@@ -17,6 +17,7 @@
 #include "mutex.h"
 #include "parallel.h"
 #include "quote.h"
+#include "read_pieces.h"
 
 namespace safetensors {
 namespace {
@@ -700,6 +701,16 @@ struct Prefetcher::Impl {
     consumer_cv.notify_all();
   }
 
+  // How a chunk's read names itself in errors: the tensor its bytes belong to, or the first and the last of
+  // the tensors a merged chunk spans (fail() puts the first in the error's tensor field).
+  std::string what_of(const Chunk& chunk) const {
+    const std::string_view first = plan[segments[chunk.first_segment].piece].tensor;
+    const std::string_view last = plan[segments[chunk.first_segment + chunk.segments - 1].piece].tensor;
+    if (first.empty() && last.empty()) return "read";
+    if (first == last) return internal::read_of(first);
+    return "read of tensors " + internal::quote(first) + " to " + internal::quote(last);
+  }
+
   // Readahead for a chunk a reader will soon take (internal::hint_ahead).
   void hint(const Chunk& chunk) const { source->prefetch(data_offset + chunk.lo, chunk.hi - chunk.lo); }
 
@@ -712,7 +723,8 @@ struct Prefetcher::Impl {
       const Chunk& chunk = chunks[c];
       const std::uint64_t length = chunk.hi - chunk.lo;
       if (chunk.dst != nullptr) {
-        Status st = source->pread_into(data_offset + chunk.lo, std::span<std::byte>(chunk.dst, length));
+        Status st =
+            read_exact(*source, data_offset + chunk.lo, std::span<std::byte>(chunk.dst, length), what_of(chunk));
         if (!st.ok()) return fail(chunk, std::move(st).error());
         swap_segments(chunk, chunk.dst);
         bytes_direct.fetch_add(length, std::memory_order_relaxed);
@@ -721,7 +733,8 @@ struct Prefetcher::Impl {
       } else {
         Lease lease;
         if (!take_slab(chunk, &lease)) return;
-        Status st = source->pread_into(data_offset + chunk.lo, std::span<std::byte>(lease.data(), length));
+        Status st =
+            read_exact(*source, data_offset + chunk.lo, std::span<std::byte>(lease.data(), length), what_of(chunk));
         if (!st.ok()) {
           {
             MutexLock lock(&mu);

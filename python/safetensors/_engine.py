@@ -277,9 +277,10 @@ class DirectLoad:
     """CPU loads through the engine: reader threads write straight into each destination (no slab, no copy);
     ``next_done()`` returns job indices as they complete. Used by prefetch to the CPU."""
 
-    def __init__(self, file: Any, jobs: Sequence[Tuple[int, int, int]], threads: int) -> None:
-        # jobs: (destination address, begin, end)
-        self._prefetcher = _cpp.Prefetcher(file, [("", begin, end, address) for address, begin, end in jobs],
+    def __init__(self, file: Any, jobs: Sequence[Tuple[str, int, int, int]], threads: int) -> None:
+        # jobs: (tensor name, destination address, begin, end). The name is the engine's: its errors name the
+        # tensor, and its dtype gives the byte swap a big-endian host needs.
+        self._prefetcher = _cpp.Prefetcher(file, [(name, begin, end, address) for name, address, begin, end in jobs],
                                            threads=threads)
         self._lock = threading.Lock()
         self._closed = False

@@ -131,7 +131,7 @@ class PrefetchLoader:
         if device.type == "cpu":
             from ._engine import DirectLoad
 
-            jobs = [(t.data_ptr(), piece[2], piece[3]) for t, (_, piece) in zip(tensors, pieces)
+            jobs = [(name, t.data_ptr(), piece[2], piece[3]) for t, (name, piece) in zip(tensors, pieces)
                     if piece[3] > piece[2]]
             for t, (name, piece) in zip(tensors, pieces):
                 if piece[3] == piece[2]:
@@ -195,7 +195,8 @@ class PrefetchLoader:
             self._land([pieces[i][0]], [tensors[i]])
 
         try:
-            _engine.stream_to_device(self._file, jobs, device, on_piece=landed, stop=self._stop)
+            _engine.stream_to_device(self._file, jobs, device, on_piece=landed, stop=self._stop,
+                                     names=[pieces[i][0] for i, _, _ in moving])
         except BaseException as e:
             if not self._stop.is_set():
                 self._fail_rest(e)

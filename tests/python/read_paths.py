@@ -111,6 +111,14 @@ def paths(filename: str, backend: str) -> Dict[str, Callable[[], bool]]:
         "np get_slice rows": lambda: np.array_equal(np_handle.get_slice("b")[10:200], want["b"][10:200].numpy()),
     }
     out.update(_cpp_paths(_cpp.File(filename, backend), want))
+
+    def prefetch() -> bool:
+        # The engine's direct reads into each tensor (safe_open.prefetch to the CPU), iterated to the end.
+        with pt.prefetch() as loader:
+            got = dict(loader)
+        return sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+    out["pt prefetch"] = prefetch
     if backend == "pread":
         # On mmap these are zero-copy views (see the module docstring).
         out.update({

@@ -6,6 +6,7 @@ child pytest, reported by ``test_prefetch_npu_in_a_child_process``."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 
@@ -14,6 +15,7 @@ import torch
 
 import npu_sim
 from safetensors import SafetensorError, safe_open
+from safetensors import _safetensors_cpp as _cpp
 from safetensors.torch import save_file
 
 
@@ -81,6 +83,16 @@ def test_handle_device_is_the_default_and_rows_come_back_as_rows(tmp_path, path)
     assert embed.device == torch.device("npu:1") and embed.shape == (10, 64)
     assert raw(embed) == raw(cpu.get_tensor("embed")[10:20])
     assert raw(ids) == raw(cpu.get_tensor("ids")[-5:])
+
+
+def test_a_truncated_file_raises_naming_file_and_tensor(path):
+    data_offset = _cpp.File(str(path), "pread").data_offset
+    with safe_open(path, "pt", backend="pread") as f:
+        # Cut 4 KiB into "big" (80 MiB, staged through more than one buffer): its reads fail.
+        os.truncate(path, data_offset + f.get_tensor_meta("big").data_offsets[0] + 4096)
+        with f.prefetch({"big": None}, device="npu:0") as loader:
+            with pytest.raises(OSError, match=r"shorter than expected.*read of tensor `big`.*" + re.escape(str(path))):
+                loader.take("big")
 
 
 def test_two_loaders_on_two_devices_at_once(path):
