@@ -4,7 +4,7 @@
 # Sets everything up (scripts/setup.sh), then runs bench/run.py, which writes BENCHMARKS.md, the plot
 # bench/results.png and every sample in bench/results.json.
 #
-#   bash scripts/bench.sh                  the full run (512 MiB and 2 GiB files, case 8 also 6 GiB; ~35 minutes on 2 CPUs,
+#   bash scripts/bench.sh                  the full run (512 MiB and 2 GiB files, case 8 also 6 GiB; 50-90 minutes on 2 CPUs,
 #                                          about 7 GiB of free disk in build/bench-results/tmp)
 #   bash scripts/bench.sh --quick          small sizes, 3 repetitions (a smoke test, under 2 minutes after
 #                                          setup); writes build/bench-results/quick/ instead of BENCHMARKS.md
