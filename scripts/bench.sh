@@ -5,7 +5,7 @@
 # bench/results.png and every sample in bench/results.json.
 #
 #   bash scripts/bench.sh                  the full run (512 MiB and 2 GiB files, case 8 also 6 GiB; 50-90 minutes on 2 CPUs,
-#                                          about 7 GiB of free disk in build/bench-results/tmp)
+#                                          about 13 GiB of free disk in build/bench-results/tmp)
 #   bash scripts/bench.sh --quick          small sizes, 3 repetitions (a smoke test, under 2 minutes after
 #                                          setup); writes build/bench-results/quick/ instead of BENCHMARKS.md
 #   bash scripts/bench.sh --cases 3,4      only some cases (1 open, 2 lazy load, 3 warm load, 4 cold load,
