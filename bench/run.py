@@ -422,25 +422,22 @@ class FreshCeiling:
     before, which a new process after a pause does not get (on a VM with free page reporting that memory has
     gone back to the host and each page is faulted in again on first touch)."""
 
-    def __init__(self, exe: Optional[Path]) -> None:
-        self.exe = exe
+    def __init__(self, ceilings: Ceilings) -> None:
+        self.ceilings = ceilings
 
     def __call__(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        if self.exe is None:
+        if self.ceilings.exe is None:
             raise MeasurementError("no C compiler: ceiling not measured")
         path = request["path"]
         if request.get("idle"):
             time.sleep(request["idle"])
-        resident = worker.evict(path) if request["evict"] else None
-        if not request["evict"]:
+        extra = {}
+        if request["evict"]:
+            extra["resident_before"] = worker.evict(path)
+        else:
             worker.warm(path)
-        out = subprocess.run([str(self.exe), "pread", path, str(request["threads"]), "1", str(request["memory"])],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise MeasurementError(out.stderr.strip())
-        r = json.loads(out.stdout)
-        return {"seconds": r["seconds"][0], "bytes": r["bytes"],
-                **({"resident_before": resident} if resident is not None else {})}
+        r = self.ceilings._run("pread", path, request["threads"], 1, request["memory"])
+        return {"seconds": r["seconds"][0], "bytes": r["bytes"], **extra}
 
     def close(self) -> None:
         pass
@@ -801,13 +798,12 @@ def targets(cfg: Dict[str, Any], res: Results) -> List[Dict[str, Any]]:
         for size in (["tiny"] if "8" in cfg["cases"] and cfg.get("fresh_count") else []) + list(cfg.get("fresh_sizes", []) if "8" in cfg["cases"] else []):
             s = f"{count_name(cfg['fresh_count'])} tensors" if size == "tiny" else size_name(size)
             ours = res.get(f"8/{temp}/{size}/ours")
-            peers = [r for r in (res.get(f"8/{temp}/{size}/{p}") for p in PEER_ROWS) if r and not r.get("error")]
-            fastest = min(peers, key=median) if peers else None
+            fastest = fastest_peer(res, temp, size)
             ceiling = fresh_ceiling(res, temp, size) if size != "tiny" else None
             if fastest is not None:
                 ratio_target(f"8/{temp}/{size}/ours", f"fresh-process load, {temp}, {s}, vs the fastest peer "
                              f"({fastest['label'].split(': ')[0]})", ours, fastest, 1.1)
-                if ceiling and out[-1]["met"] is False and 1.1 * gbps(fastest) > 0.9 * gbps(ceiling):
+                if out[-1]["met"] is False and peer_target_above_ceiling(fastest, ceiling):
                     # The issue's rule: a target that the same run's ceiling makes impossible is restated as
                     # a fraction of that ceiling (the next row; the reason is in the notes below the table).
                     out[-1].update(met=None, restated=True, wanted=">= 1.1x, restated as the next row")
@@ -828,6 +824,17 @@ def targets(cfg: Dict[str, Any], res: Results) -> List[Dict[str, Any]]:
             most_target(key, f'get_tensor per tensor, "{framework}", {backend}', us, 3, lambda v: f"{v:.2f} µs",
                         "<= 3 µs")
     return out
+
+
+def fastest_peer(res: "Results", temp: str, size: Any) -> Optional[Dict[str, Any]]:
+    """Case 8's fastest peer row (PEER_ROWS) of one temperature and size, or None when none ran."""
+    peers = [r for r in (res.get(f"8/{temp}/{size}/{p}") for p in PEER_ROWS) if r and not r.get("error")]
+    return min(peers, key=median) if peers else None
+
+
+def peer_target_above_ceiling(fastest: Dict[str, Any], ceiling: Optional[Dict[str, Any]]) -> bool:
+    """Whether 1.1x the fastest peer asks for more than 90% of the ceiling, which then restates the target."""
+    return ceiling is not None and 1.1 * gbps(fastest) > 0.9 * gbps(ceiling)
 
 
 def fresh_ceiling(res: "Results", temp: str, size: int) -> Optional[Dict[str, Any]]:
@@ -888,22 +895,19 @@ def observations(cfg: Dict[str, Any], res: Results) -> List[str]:
     # Case 8: 1.1x the fastest peer can ask for more than the machine's own ceiling of the same run.
     for temp in ("warm", "cold"):
         for size in cfg.get("fresh_sizes", []) if "8" in cfg["cases"] else []:
-            peers = [r for r in (res.get(f"8/{temp}/{size}/{p}") for p in PEER_ROWS) if r and not r.get("error")]
-            c = fresh_ceiling(res, temp, size)
-            if peers and c:
-                best = max(gbps(r) for r in peers)
-                if 1.1 * best > 0.9 * gbps(c):
-                    fastest = max(peers, key=gbps)
-                    why = ""
-                    if best > gbps(c) and fastest is res.get(f"8/{temp}/{size}/fst_odirect"):
-                        why = (f" The fastest peer ({fastest['label'].split(': ')[0]}, O_DIRECT) is faster than the "
-                               "ceiling itself: it reads past the page cache, so it needs no page-cache memory "
-                               "beside the tensors', and leaves the file uncached for the next process. This "
-                               "package reads through the page cache, as the reference's mmap does, so that a "
-                               "second load (another rank, the next run) finds the file warm.")
-                    out.append(f"1.1x the fastest peer ({temp}, {size_name(size)}) is {1.1 * best:.2f} GB/s, above 90% "
-                               f"of this run's ceiling '{c['label']}' ({gbps(c):.2f} GB/s): there the target is "
-                               f">= 90% of that ceiling instead.{why}")
+            fastest, c = fastest_peer(res, temp, size), fresh_ceiling(res, temp, size)
+            if fastest and c and peer_target_above_ceiling(fastest, c):
+                best = gbps(fastest)
+                why = ""
+                if best > gbps(c) and fastest is res.get(f"8/{temp}/{size}/fst_odirect"):
+                    why = (f" The fastest peer ({fastest['label'].split(': ')[0]}, O_DIRECT) is faster than the "
+                           "ceiling itself: it reads past the page cache, so it needs no page-cache memory "
+                           "beside the tensors', and leaves the file uncached for the next process. This "
+                           "package reads through the page cache, as the reference's mmap does, so that a "
+                           "second load (another rank, the next run) finds the file warm.")
+                out.append(f"1.1x the fastest peer ({temp}, {size_name(size)}) is {1.1 * best:.2f} GB/s, above 90% "
+                           f"of this run's ceiling '{c['label']}' ({gbps(c):.2f} GB/s): there the target is "
+                           f">= 90% of that ceiling instead.{why}")
     # Slicing into new torch tensors pays at least the first touch of the slices' pages.
     size = cfg["slice_size"]
     ref, touch = res.get(f"6/{size}/mmap/ref"), res.get(f"C/touch/{size}")
@@ -1316,7 +1320,7 @@ def main() -> int:
     results.notes.extend(results_notes)
     ceilings = Ceilings(build_ceilings(outdir), results, cfg["reps"])
     if "8" in cfg["cases"]:
-        servers["fresh_ceiling"] = FreshCeiling(ceilings.exe)
+        servers["fresh_ceiling"] = FreshCeiling(ceilings)
     bench = Bench(cfg, tmpdir, servers, ceilings, results, can_evict)
     try:
         if bench.want("1") or bench.want("7"):
