@@ -17,6 +17,8 @@ struct SliceObject {
 };
 
 PyTypeObject* g_type = nullptr;  // set once by bind_py_slice; the module keeps the type alive
+// "slice_item", interned once by bind_py_slice and kept for the process: [index] calls reader.slice_item.
+PyObject* g_slice_item = nullptr;
 
 SliceObject* as_slice(PyObject* self) { return reinterpret_cast<SliceObject*>(self); }
 
@@ -79,13 +81,7 @@ PyObject* slice_getitem(PyObject* self, PyObject* index) {
   const std::string_view name = as_slice(self)->tensor->name;
   PyObject* key = PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
   if (key == nullptr) return nullptr;
-  PyObject* method = PyUnicode_InternFromString("slice_item");
-  if (method == nullptr) {
-    Py_DECREF(key);
-    return nullptr;
-  }
-  PyObject* out = PyObject_CallMethodObjArgs(as_slice(self)->reader, method, key, index, nullptr);
-  Py_DECREF(method);
+  PyObject* out = PyObject_CallMethodObjArgs(as_slice(self)->reader, g_slice_item, key, index, nullptr);
   Py_DECREF(key);
   return out;
 }
@@ -113,6 +109,8 @@ void bind_py_slice(nb::module_& m) {
   };
   static PyType_Spec spec = {"safetensors._safetensors_cpp.PySafeSlice", sizeof(SliceObject), 0,
                              Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, slots};
+  g_slice_item = PyUnicode_InternFromString("slice_item");
+  if (g_slice_item == nullptr) throw nb::python_error();
   nb::object type = nb::steal(PyType_FromSpec(&spec));
   if (!type.is_valid()) throw nb::python_error();
   g_type = reinterpret_cast<PyTypeObject*>(type.ptr());
