@@ -17,6 +17,26 @@ namespace {
 
 static_assert(kJsonPadding >= simdjson::SIMDJSON_PADDING, "padding must satisfy simdjson");
 
+// Headers up to this size are read into, and parsed by, buffers that each thread keeps for its next open,
+// so opening many files does not allocate and page-fault them afresh each time; a rare huge header gets
+// buffers of its own, freed with it, so no thread keeps hundreds of MB.
+constexpr std::size_t kReusedLimit = 8u << 20;
+
+// `size` writable bytes for the header read: this thread's reused buffer, or *own for a huge header.
+char* header_buffer(std::size_t size, std::unique_ptr<char[]>* own) {
+  if (size > kReusedLimit + kJsonPadding) {
+    *own = std::make_unique_for_overwrite<char[]>(size);
+    return own->get();
+  }
+  thread_local std::unique_ptr<char[]> reused;
+  thread_local std::size_t capacity = 0;
+  if (capacity < size) {
+    reused = std::make_unique_for_overwrite<char[]>(size);
+    capacity = size;
+  }
+  return reused.get();
+}
+
 using simdjson::dom::element;
 using simdjson::dom::element_type;
 
@@ -256,12 +276,10 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   const auto respelled = respell_negative_zero(json, &respelled_size);
   if (respelled) json = std::string_view(respelled.get(), respelled_size);
   // A parser keeps its buffers (about 10x the header) between parses: reuse one per thread for ordinary
-  // headers, so opening many files does not allocate and page-fault them afresh each time; a rare huge
-  // header gets a parser of its own, freed with it, so no thread keeps hundreds of MB.
-  constexpr std::size_t kReusedParserLimit = 8u << 20;
+  // headers (kReusedLimit).
   thread_local simdjson::dom::parser reused;
   std::optional<simdjson::dom::parser> own;
-  simdjson::dom::parser& dom = json.size() <= kReusedParserLimit ? reused : own.emplace();
+  simdjson::dom::parser& dom = json.size() <= kReusedLimit ? reused : own.emplace();
   element root;
   if (auto err = dom.parse(json.data(), json.size(), /*realloc_if_needed=*/false).get(root)) {
     return p.json_error(simdjson::error_message(err));
@@ -277,7 +295,11 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   out.names = std::make_unique_for_overwrite<char[]>(json.size());
   std::size_t names_used = 0;
   std::vector<std::size_t> shape_start;  // per tensor, its first dim in out.dims
-  out.tensors.reserve(std::min<std::size_t>(obj.size(), json.size() / 16 + 1));
+  // Reserved so that they do not grow (and page-fault each copy) as they fill: most tensors have 1-2 dims.
+  const std::size_t entries = std::min<std::size_t>(obj.size(), json.size() / 16 + 1);
+  out.tensors.reserve(entries);
+  shape_start.reserve(entries);
+  out.dims.reserve(2 * entries);
   bool have_metadata = false;
   for (auto kv : obj) {
     if (kv.key == "__metadata__") {
@@ -349,11 +371,12 @@ Result<ParsedHeader> read_header(const Source& source, std::uint64_t max_header_
                              context);
   }
   // Only now, with n <= file size, is a buffer of n bytes allocated.
-  auto buf = std::make_unique_for_overwrite<char[]>(n + kJsonPadding);
-  std::memset(buf.get() + n, 0, kJsonPadding);
+  std::unique_ptr<char[]> own;
+  char* buf = header_buffer(n + kJsonPadding, &own);
+  std::memset(buf + n, 0, kJsonPadding);
   SAFETENSORS_RETURN_IF_ERROR(
-      read_exact(source, 8, std::span<std::byte>(reinterpret_cast<std::byte*>(buf.get()), n), "read of the header"));
-  return parse_header_json(std::string_view(buf.get(), n), file_size - *header_end, context);
+      read_exact(source, 8, std::span<std::byte>(reinterpret_cast<std::byte*>(buf), n), "read of the header"));
+  return parse_header_json(std::string_view(buf, n), file_size - *header_end, context);
 }
 
 }  // namespace safetensors::internal

@@ -1,5 +1,5 @@
 // A flat open-addressing index from tensor name to position, built once per File. No per-entry allocation:
-// 20k names cost one array of uint32 slots.
+// 20k names cost one array of 64K uint64 slots.
 #ifndef SAFETENSORS_SRC_NAME_INDEX_H_
 #define SAFETENSORS_SRC_NAME_INDEX_H_
 
@@ -46,14 +46,15 @@ class NameIndex {
     mask_ = cap - 1;
     for (std::size_t i = 0; i < n; ++i) {
       const std::string_view name = name_at(i);
-      std::size_t s = hash_name(name) & mask_;
-      for (;; s = (s + 1) & mask_) {
-        const std::uint32_t v = slots_[s];
+      const std::uint64_t h = hash_name(name);
+      const std::uint64_t tag = h & kTagMask;
+      for (std::size_t s = h & mask_;; s = (s + 1) & mask_) {
+        const std::uint64_t v = slots_[s];
         if (v == 0) {
-          slots_[s] = static_cast<std::uint32_t>(i + 1);
+          slots_[s] = tag | (i + 1);
           break;
         }
-        if (name_at(v - 1) == name) return i;
+        if ((v & kTagMask) == tag && name_at((v & kPositionMask) - 1) == name) return i;
       }
     }
     return n;
@@ -63,15 +64,24 @@ class NameIndex {
   template <typename NameAt>
   std::int64_t find(std::string_view name, NameAt&& name_at) const {
     if (slots_.empty()) return -1;
-    for (std::size_t s = hash_name(name) & mask_;; s = (s + 1) & mask_) {
-      const std::uint32_t v = slots_[s];
+    const std::uint64_t h = hash_name(name);
+    const std::uint64_t tag = h & kTagMask;
+    for (std::size_t s = h & mask_;; s = (s + 1) & mask_) {
+      const std::uint64_t v = slots_[s];
       if (v == 0) return -1;
-      if (name_at(v - 1) == name) return v - 1;
+      if ((v & kTagMask) == tag) {
+        const std::size_t i = (v & kPositionMask) - 1;
+        if (name_at(i) == name) return static_cast<std::int64_t>(i);
+      }
     }
   }
 
  private:
-  std::vector<std::uint32_t> slots_;  // position + 1; 0 = empty
+  // A slot holds the high 32 bits of the name's hash (its tag: a probe compares names only when tags match)
+  // and position + 1 in the low 32; 0 = empty. The low bits of the hash choose the slot.
+  static constexpr std::uint64_t kTagMask = 0xFFFFFFFF00000000ull;
+  static constexpr std::uint64_t kPositionMask = 0xFFFFFFFFull;
+  std::vector<std::uint64_t> slots_;
   std::size_t mask_ = 0;
 };
 

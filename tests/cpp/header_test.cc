@@ -1,7 +1,10 @@
 // The reader's validation, one hostile test per error kind (COMPAT.md section 2), in the order the checks run.
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "header.h"
+#include "name_index.h"
 #include "test_util.h"
 
 namespace safetensors {
@@ -228,6 +231,56 @@ TEST(HeaderTest, ParseHeaderJsonDirectly) {
   ASSERT_ST_OK(parsed);
   EXPECT_EQ(parsed->tensors.size(), 1u);
   EXPECT_EQ(parsed->tensors[0].end, 4u);
+}
+
+// Headers are read into a buffer each thread keeps for its next open (header.cc, header_buffer): a header
+// read after a longer one is parsed from its own bytes alone, and one above the reuse limit (8 MiB) gets a
+// buffer of its own. Less than kJsonPadding bytes follow each header, so every open here takes the read.
+TEST(HeaderTest, ReusedHeaderBufferHoldsOnlyTheHeaderBeingOpened) {
+  std::string json = "{";
+  for (int i = 0; i < 2000; ++i) {
+    json += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  }
+  json += "}";
+  auto whole = open_bytes(raw_file(json));
+  ASSERT_ST_OK(whole);
+  EXPECT_EQ(whole->tensors().size(), 2000u);
+  // The same header cut inside its last entry: truncated JSON, whatever the buffer held after it before.
+  auto cut = open_bytes(raw_file(json.substr(0, json.size() - 20)));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.error().kind(), Error::Kind::kInvalidHeaderJson);
+  // A short header after the long one has only its own tensor.
+  auto one = open_bytes(raw_file(kOneF32, std::string(4, '\0')));
+  ASSERT_ST_OK(one);
+  ASSERT_EQ(one->tensors().size(), 1u);
+  EXPECT_EQ(one->tensors()[0].name, "a");
+  // Above the reuse limit, then the long one again through the kept buffer.
+  auto huge = open_bytes(raw_file("{}" + std::string((9u << 20), ' ')));
+  ASSERT_ST_OK(huge);
+  EXPECT_TRUE(huge->tensors().empty());
+  auto again = open_bytes(raw_file(json));
+  ASSERT_ST_OK(again);
+  EXPECT_EQ(again->tensors().size(), 2000u);
+  EXPECT_EQ(again->tensors()[1999].name, "t1999");
+}
+
+// The name index (name_index.h) of a header: every name found at its position, absent names (also ones that
+// differ from a present name in one byte) not found, and the first repeat of an earlier name reported.
+TEST(HeaderTest, NameIndexFindsEveryNameAndReportsTheFirstRepeat) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 50000; ++i)
+    names.push_back("model.layers." + std::to_string(i / 16) + ".w" + std::to_string(i % 16));
+  auto at = [&](std::size_t i) { return std::string_view(names[i]); };
+  internal::NameIndex index;
+  ASSERT_EQ(index.build(names.size(), at), names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) ASSERT_EQ(index.find(names[i], at), static_cast<std::int64_t>(i));
+  EXPECT_EQ(index.find("model.layers.0.w16", at), -1);
+  EXPECT_EQ(index.find("model.layers.0.w", at), -1);
+  EXPECT_EQ(index.find("", at), -1);
+  names.push_back(names[31337]);
+  names.push_back(names[7]);
+  EXPECT_EQ(index.build(names.size(), at), 50000u);
+  EXPECT_EQ(internal::NameIndex().find("a", at), -1);
 }
 
 }  // namespace
