@@ -65,9 +65,16 @@ std::shared_ptr<const void> pin_buffer(nb::handle obj, std::span<const std::byte
 // A Python str of UTF-8 `s` (validated when the header was parsed). ASCII, the common case for tensor names,
 // is copied straight into a compact string without decoding.
 nb::str make_str(std::string_view s) {
-  bool ascii = true;
-  for (char c : s) ascii &= static_cast<unsigned char>(c) < 0x80;
-  if (!ascii) return nb::str(s.data(), s.size());
+  // Eight bytes at a time: ASCII when no byte has its top bit set.
+  std::uint64_t high = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    high |= w;
+  }
+  for (; i < s.size(); ++i) high |= static_cast<unsigned char>(s[i]);
+  if (high & 0x8080808080808080ull) return nb::str(s.data(), s.size());
   PyObject* out = PyUnicode_New(static_cast<Py_ssize_t>(s.size()), 127);
   if (out == nullptr) throw nb::python_error();
   std::memcpy(PyUnicode_1BYTE_DATA(out), s.data(), s.size());
@@ -284,12 +291,10 @@ NB_MODULE(_safetensors_cpp, m) {
           nb::sig("def info(self, name: str) -> tuple[str, tuple[int, ...], int, int]"),
           "(dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.")
       .def(
-          "slice",
-          [](nb::handle self, std::string_view name, nb::handle reader) {
-            return make_py_slice(self, reader, check(nb::cast<const File&>(self).info(name)));
-          },
-          "name"_a, "reader"_a, nb::sig("def slice(self, name: str, reader: object) -> PySafeSlice"),
-          "The PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).")
+          "slice_getter", [](nb::handle self, nb::handle reader) { return make_slice_getter(self, reader); },
+          "reader"_a, nb::sig("def slice_getter(self, reader: object) -> SliceGetter"),
+          "safe_open.get_slice for this file: getter(name) is the PySafeSlice of a tensor, whose [index] calls "
+          "reader.slice_item(name, index).")
       .def(
           "dtypes",
           [](const File& f) {
