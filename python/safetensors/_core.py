@@ -232,6 +232,10 @@ class safe_open:
         resolved = adapter.resolve_device(device)
         file = _cpp.File(_fspath(filename), backend)  # which also refuses a backend that is not mmap or pread
         self._reader: Optional[_Reader] = _Reader(file, adapter, resolved, backend)
+        self._slices = file.slice_getter(self._reader)
+        if type(self).get_slice is safe_open.get_slice:
+            # The per-name call goes straight to C; a subclass's own get_slice is left in charge.
+            self.get_slice = self._slices
 
     def _open(self) -> _Reader:
         if self._reader is None:
@@ -243,6 +247,7 @@ class safe_open:
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self._reader = None
+        self._slices.close()
 
     def keys(self) -> List[str]:
         """Tensor names, sorted."""
@@ -271,10 +276,9 @@ class safe_open:
 
     def get_slice(self, name: str) -> "PySafeSlice":
         """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
-        reader = self._reader
-        if reader is None:
-            raise SafetensorError("File is closed")
-        return reader.file.slice(name, reader)  # raises the reference's "File does not contain tensor" error
+        # Raises the reference's "File is closed" and "File does not contain tensor" errors. (An instance
+        # normally calls its SliceGetter directly: __init__ puts it in the instance dict.)
+        return self._slices(name)
 
     def get_tensor_meta(self, name: str) -> "TensorMeta":
         """Tensor ``name``'s header entry (dtype code, shape, data offsets); no data is read."""

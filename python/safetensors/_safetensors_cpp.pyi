@@ -37,6 +37,15 @@ class PySafeSlice:
     def get_dtype(self) -> str:
         """The tensor's dtype code, e.g. "F32"."""
 
+class SliceGetter:
+    """safe_open.get_slice of one open file: call it with a tensor name."""
+
+    def __call__(self, name: str) -> PySafeSlice:
+        """The handle on tensor `name`."""
+
+    def close(self) -> None:
+        """Lets go of the file; from now on every call raises SafetensorError("File is closed"). Handles already made keep working."""
+
 class File:
     """An open, validated safetensors file (or in-memory bytes)."""
 
@@ -81,9 +90,9 @@ class File:
         (dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.
         """
 
-    def slice(self, name: str, reader: object) -> PySafeSlice:
+    def slice_getter(self, reader: object) -> SliceGetter:
         """
-        The PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).
+        safe_open.get_slice for this file: getter(name) is the PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).
         """
 
     def dtypes(self) -> list[str]:

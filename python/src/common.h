@@ -32,6 +32,11 @@ enum class Op { kOpenFile, kOpenBytes, kSerialize, kOther };
 // binding refuses itself (a backend name, an index the slicer cannot take), whose texts the package pins.
 [[noreturn]] void raise_message(Error::Kind kind, const std::string& text);
 
+// What raise_error and raise_message raise, set as the current Python error instead of thrown: for code that
+// CPython calls directly (a C slot or vectorcall), which must return NULL rather than throw.
+void set_python_error(const Error& e, Op op = Op::kOther);
+void set_python_message(Error::Kind kind, const std::string& text);
+
 // Creates SafetensorError, SafetensorSliceError and SafetensorIOError in `m` and registers the translator.
 void register_errors(nanobind::module_& m);
 

@@ -67,36 +67,43 @@ void translate_error(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
   } catch (const TranslatedError& t) {
-    const Error& e = t.error;
-    const char* prefix = t.op == Op::kOpenFile    ? "Error while deserializing header: "
-                         : t.op == Op::kOpenBytes ? "Error while deserializing: "
-                         : t.op == Op::kSerialize ? "Error while serializing: "
-                                                  : "";
-    switch (e.kind()) {
-      case Error::Kind::kNotFound:
-        if (t.op == Op::kSerialize) {
-          // A save into a missing directory: an I/O error, as the reference reports it.
-          Error io = Error::io(e.context(), e.detail(), e.sys_errno());
-          set_io_error(io, prefix + io.to_string());
-          return;
-        }
-        set_error(PyExc_FileNotFoundError, e.message());
-        return;
-      case Error::Kind::kIo: set_io_error(e, prefix + e.to_string()); return;
-      case Error::Kind::kInvalidSlice: set_error(g_slice_error, e.to_string()); return;
-      case Error::Kind::kTensorNotFound:
-      case Error::Kind::kInvalidArgument: set_error(g_safetensor_error, e.to_string()); return;
-      default: set_error(g_safetensor_error, prefix + e.to_string()); return;
-    }
+    set_python_error(t.error, t.op);
   }
 }
 
 }  // namespace
 
+void set_python_error(const Error& e, Op op) {
+  const char* prefix = op == Op::kOpenFile    ? "Error while deserializing header: "
+                       : op == Op::kOpenBytes ? "Error while deserializing: "
+                       : op == Op::kSerialize ? "Error while serializing: "
+                                              : "";
+  switch (e.kind()) {
+    case Error::Kind::kNotFound:
+      if (op == Op::kSerialize) {
+        // A save into a missing directory: an I/O error, as the reference reports it.
+        Error io = Error::io(e.context(), e.detail(), e.sys_errno());
+        set_io_error(io, prefix + io.to_string());
+        return;
+      }
+      set_error(PyExc_FileNotFoundError, e.message());
+      return;
+    case Error::Kind::kIo: set_io_error(e, prefix + e.to_string()); return;
+    case Error::Kind::kInvalidSlice: set_error(g_slice_error, e.to_string()); return;
+    case Error::Kind::kTensorNotFound:
+    case Error::Kind::kInvalidArgument: set_error(g_safetensor_error, e.to_string()); return;
+    default: set_error(g_safetensor_error, prefix + e.to_string()); return;
+  }
+}
+
+void set_python_message(Error::Kind kind, const std::string& text) {
+  set_error(kind == Error::Kind::kInvalidSlice ? g_slice_error : g_safetensor_error, text);
+}
+
 void raise_error(Error e, Op op) { throw TranslatedError{std::move(e), op}; }
 
 void raise_message(Error::Kind kind, const std::string& text) {
-  set_error(kind == Error::Kind::kInvalidSlice ? g_slice_error : g_safetensor_error, text);
+  set_python_message(kind, text);
   throw nb::python_error();
 }
 

@@ -190,6 +190,57 @@ def test_closed_handle(sample):
     np.testing.assert_array_equal(sl[0], tensors["a"][0])
 
 
+GET_SLICE_CALLS = """
+import sys
+from safetensors import safe_open
+calls = [((), {}), ((1,), {}), (("nope",), {}), (("a", "b"), {}), ((), {"nam": "a"}), (("a",), {"name": "a"}),
+         ((), {"name": 3}), ((), {"name": "a", "zz": 1}), (("a", "a", "a"), {"q": 1}), ((), {"name": "a"}), (("a",), {})]
+result = []
+with safe_open(path, "np") as f:
+    before_close = f.get_slice
+    for args, kwargs in calls:
+        try:
+            result.append(("ok", f.get_slice(*args, **kwargs).get_shape()))
+        except Exception as e:
+            result.append((type(e).__name__, str(e).split(" (TensorNotFound)")[0]))
+for call in (lambda: f.get_slice("a"), lambda: before_close("a")):
+    try:
+        call()
+        result.append("no error")
+    except Exception as e:
+        result.append((type(e).__name__, str(e)))
+"""
+
+
+def test_get_slice_arguments_and_close_match_the_reference(sample, reference):
+    """get_slice is a C callable per open file (SliceGetter): its argument errors are PyO3's, and it raises
+    "File is closed" after the with-block, also when it was looked up before."""
+    path, _ = sample
+    theirs = reference.run(GET_SLICE_CALLS, path=str(path))
+    ours: dict = {"path": str(path)}
+    exec(GET_SLICE_CALLS, ours)
+    assert ours["result"] == theirs
+    assert ours["result"][-1] == ("SafetensorError", "File is closed")
+
+
+def test_get_slice_of_a_subclass_is_its_own(sample):
+    """A subclass that defines get_slice keeps it (the instance's C getter is only for safe_open's own)."""
+    path, tensors = sample
+
+    class Counting(safe_open):
+        calls = 0
+
+        def get_slice(self, name):
+            Counting.calls += 1
+            return super().get_slice(name)
+
+    with Counting(path, "np") as f:
+        np.testing.assert_array_equal(f.get_slice("a")[0], tensors["a"][0])
+    assert Counting.calls == 1
+    with pytest.raises(SafetensorError, match="^File is closed$"):
+        f.get_slice("a")
+
+
 def test_errors_match_the_reference(sample, tmp_path):
     path, _ = sample
     with pytest.raises(SafetensorError, match="^framework jax2 is invalid$"):
