@@ -3,9 +3,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -27,7 +30,17 @@ struct File::State {
   internal::ParsedHeader header;
   // keys() order, computed on first use: many callers never ask, and those that do ask repeatedly.
   mutable std::once_flag sorted_once;
-  mutable std::vector<std::string_view> sorted_keys;
+  mutable std::vector<std::uint32_t> sorted;  // positions in header.tensors, by name
+  mutable std::vector<std::uint32_t> rank;    // rank[position]: its place in `sorted`
+  mutable std::atomic<bool> sorted_ready{false};
+  // The position find() returned last (kNoneFound before the first). Callers mostly ask for the names in
+  // keys() order or in file order (a loop over keys() or offset_keys()), so find() first tries the tensor
+  // after it in each order, which costs one comparison of names instead of a hash and a probe of an index
+  // the size of the header's tensors (missing the cache). A guess is always checked: racing threads can
+  // only make it miss. (Positions fit in 32 bits: simdjson parses documents below 4 GiB, as NameIndex
+  // assumes too.)
+  static constexpr std::uint32_t kNoneFound = UINT32_MAX;
+  mutable std::atomic<std::uint32_t> last_found{kNoneFound};
 
   std::uint64_t data_offset() const { return 8 + header.header_length; }
 };
@@ -73,42 +86,65 @@ const std::vector<TensorInfo>& File::tensors() const { return state_->header.ten
 const std::optional<Metadata>& File::metadata() const { return state_->header.metadata; }
 
 std::vector<std::string_view> File::keys() const {
-  std::call_once(state_->sorted_once, [this] {
-    auto& keys = state_->sorted_keys;
-    keys.reserve(tensors().size());
-    for (const TensorInfo& t : tensors()) keys.emplace_back(t.name);
+  const auto& all = tensors();
+  std::call_once(state_->sorted_once, [this, &all] {
+    auto& order = state_->sorted;
+    order.resize(all.size());
+    std::iota(order.begin(), order.end(), std::uint32_t{0});
+    auto by_name = [&](std::uint32_t a, std::uint32_t b) { return all[a].name < all[b].name; };
     // Writers order tensors by dtype, then by name, so file order is a few sorted runs (one per dtype):
     // merging the runs costs O(n log runs) comparisons of names that often share long prefixes.
     std::vector<std::size_t> run_starts;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (i == 0 || keys[i] < keys[i - 1]) run_starts.push_back(i);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (i == 0 || by_name(order[i], order[i - 1])) run_starts.push_back(i);
     }
     if (run_starts.size() > 64) {
-      std::sort(keys.begin(), keys.end());
-      return;
-    }
-    run_starts.push_back(keys.size());
-    while (run_starts.size() > 2) {
-      std::vector<std::size_t> merged;
-      for (std::size_t r = 0; r + 1 < run_starts.size(); r += 2) {
-        merged.push_back(run_starts[r]);
-        if (r + 2 < run_starts.size()) {
-          std::inplace_merge(keys.begin() + static_cast<std::ptrdiff_t>(run_starts[r]),
-                             keys.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 1]),
-                             keys.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 2]));
+      std::sort(order.begin(), order.end(), by_name);
+    } else {
+      run_starts.push_back(order.size());
+      while (run_starts.size() > 2) {
+        std::vector<std::size_t> merged;
+        for (std::size_t r = 0; r + 1 < run_starts.size(); r += 2) {
+          merged.push_back(run_starts[r]);
+          if (r + 2 < run_starts.size()) {
+            std::inplace_merge(order.begin() + static_cast<std::ptrdiff_t>(run_starts[r]),
+                               order.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 1]),
+                               order.begin() + static_cast<std::ptrdiff_t>(run_starts[r + 2]), by_name);
+          }
         }
+        merged.push_back(order.size());
+        run_starts = std::move(merged);
       }
-      merged.push_back(keys.size());
-      run_starts = std::move(merged);
     }
+    state_->rank.resize(order.size());
+    for (std::size_t i = 0; i < order.size(); ++i) state_->rank[order[i]] = static_cast<std::uint32_t>(i);
+    state_->sorted_ready.store(true, std::memory_order_release);
   });
-  return state_->sorted_keys;
+  std::vector<std::string_view> keys;
+  keys.reserve(all.size());
+  for (std::uint32_t i : state_->sorted) keys.push_back(all[i].name);
+  return keys;
 }
 
 const TensorInfo* File::find(std::string_view name) const {
   const auto& all = tensors();
-  const std::int64_t i = state_->header.index.find(name, [&](std::size_t k) { return all[k].name; });
-  return i < 0 ? nullptr : &all[static_cast<std::size_t>(i)];
+  const std::uint32_t last = state_->last_found.load(std::memory_order_relaxed);
+  std::size_t found = all.size();
+  if (last != State::kNoneFound) {
+    if (last + std::size_t{1} < all.size() && all[last + 1].name == name) {
+      found = last + std::size_t{1};
+    } else if (state_->sorted_ready.load(std::memory_order_acquire)) {
+      const std::size_t next = state_->rank[last] + std::size_t{1};
+      if (next < all.size() && all[state_->sorted[next]].name == name) found = state_->sorted[next];
+    }
+  }
+  if (found == all.size()) {
+    const std::int64_t i = state_->header.index.find(name, [&](std::size_t k) { return all[k].name; });
+    if (i < 0) return nullptr;
+    found = static_cast<std::size_t>(i);
+  }
+  state_->last_found.store(static_cast<std::uint32_t>(found), std::memory_order_relaxed);
+  return &all[found];
 }
 
 Result<const TensorInfo*> File::info(std::string_view name) const {

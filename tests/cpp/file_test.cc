@@ -325,5 +325,59 @@ TEST(FileTest, KeysAreSortedWhateverTheFileOrder) {
   EXPECT_EQ(keys.front(), "1000");
 }
 
+// find() tries the tensor after the one it found last, in file order and in keys() order, before the index
+// (file.cc): whatever the order of the questions, and from several threads at once, every name gives its own
+// tensor and a missing name nullptr -- also a name that differs from the guess in its last byte only.
+TEST(FileTest, FindAnswersEveryOrderOfQuestions) {
+  std::vector<std::byte> b(8);
+  std::vector<TensorData> ts;
+  std::vector<std::string> names;
+  for (int i = 0; i < 600; ++i) names.push_back("layer." + std::to_string(i % 200) + ".w" + std::to_string(i / 200));
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const Dtype d = i % 3 ? Dtype::kF16 : Dtype::kF32;  // two dtype groups: file order is not keys() order
+    ts.push_back({names[i], d, {1}, std::span(b).first(dtype_bits(d) / 8)});
+  }
+  auto bytes = serialize(ts);
+  ASSERT_ST_OK(bytes);
+  auto f = test::open_bytes(test::to_string(*bytes));
+  ASSERT_ST_OK(f);
+  auto expect_all = [&](const std::vector<std::string_view>& order) {
+    for (std::string_view name : order) {
+      const TensorInfo* t = f->find(name);
+      ASSERT_NE(t, nullptr) << name;
+      EXPECT_EQ(t->name, name);
+      // The guess for the next question is the tensor after `t`: a near miss must not be taken for it.
+      const std::string near = std::string(name.substr(0, name.size() - 1)) + "x";
+      EXPECT_EQ(f->find(near), nullptr) << near;
+      EXPECT_EQ(f->find(name), t);
+    }
+  };
+  std::vector<std::string_view> file_order;
+  for (const TensorInfo& t : f->tensors()) file_order.push_back(t.name);
+  expect_all(file_order);  // before keys() has sorted anything
+  const std::vector<std::string_view> keys = f->keys();
+  ASSERT_NE(keys, file_order);
+  expect_all(keys);
+  expect_all(file_order);
+  std::vector<std::string_view> shuffled = keys;
+  std::mt19937 rng(7);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  expect_all(shuffled);
+  std::vector<std::string_view> reversed(keys.rbegin(), keys.rend());
+  std::vector<std::thread> threads;
+  const std::vector<std::string_view>* orders[] = {&keys, &file_order, &shuffled, &reversed};
+  for (const std::vector<std::string_view>* order : orders) {
+    threads.emplace_back([&, order] {
+      for (int round = 0; round < 20; ++round) {
+        for (std::string_view name : *order) {
+          const TensorInfo* t = f->find(name);
+          if (t == nullptr || t->name != name) ADD_FAILURE() << name;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 }  // namespace
 }  // namespace safetensors
