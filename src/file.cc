@@ -131,11 +131,13 @@ const TensorInfo* File::find(std::string_view name) const {
   const std::uint32_t last = state_->last_found.load(std::memory_order_relaxed);
   std::size_t found = all.size();
   if (last != State::kNoneFound) {
-    if (last + std::size_t{1} < all.size() && all[last + 1].name == name) {
-      found = last + std::size_t{1};
-    } else if (state_->sorted_ready.load(std::memory_order_acquire)) {
+    // keys() order first once a caller has asked for it: it is what a loop over keys() walks.
+    if (state_->sorted_ready.load(std::memory_order_acquire)) {
       const std::size_t next = state_->rank[last] + std::size_t{1};
       if (next < all.size() && all[state_->sorted[next]].name == name) found = state_->sorted[next];
+    }
+    if (found == all.size() && last + std::size_t{1} < all.size() && all[last + 1].name == name) {
+      found = last + std::size_t{1};
     }
   }
   if (found == all.size()) {

@@ -264,12 +264,15 @@ Status validate_layout(const std::vector<TensorInfo>& tensors, std::uint64_t dat
 }  // namespace
 
 Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data_length, std::string_view context) {
-  // Step 4.
-  if (!simdjson::validate_utf8(json.data(), json.size())) {
-    return Error::invalid_header_utf8(context, "the header is not valid UTF-8");
-  }
-  // Step 5.
+  // Steps 4 and 5. The parse validates UTF-8 as it goes, so a header it accepts is valid UTF-8; only when it
+  // refuses one is the UTF-8 checked on its own, so that step 4's error comes first whatever the parse saw.
   Parser p(context);
+  const auto refused = [&](std::string detail) -> Error {
+    if (!simdjson::validate_utf8(json.data(), json.size())) {
+      return Error::invalid_header_utf8(context, "the header is not valid UTF-8");
+    }
+    return p.json_error(std::move(detail));
+  };
   if (json.empty()) return p.json_error("the header is empty");
   const std::size_t header_length = json.size();
   std::size_t respelled_size = 0;
@@ -282,7 +285,7 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   simdjson::dom::parser& dom = json.size() <= kReusedLimit ? reused : own.emplace();
   element root;
   if (auto err = dom.parse(json.data(), json.size(), /*realloc_if_needed=*/false).get(root)) {
-    return p.json_error(simdjson::error_message(err));
+    return refused(simdjson::error_message(err));
   }
   simdjson::dom::object obj;
   if (root.get_object().get(obj) != simdjson::SUCCESS) {
