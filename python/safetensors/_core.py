@@ -214,8 +214,11 @@ class Framework:
             return _strategies.load_copies(self, file, self.resolve_device(device))
 
 
-class safe_open:
+class safe_open(_cpp.SafeOpenBase):
     """Opens a safetensors file lazily and returns tensors as asked.
+
+    ``get_slice(name)`` (a lazy handle on tensor ``name`` that reads only what an index expression selects) is
+    the native base class's method: one C call per name.
 
     Args:
         filename: the file to open.
@@ -232,10 +235,7 @@ class safe_open:
         resolved = adapter.resolve_device(device)
         file = _cpp.File(_fspath(filename), backend)  # which also refuses a backend that is not mmap or pread
         self._reader: Optional[_Reader] = _Reader(file, adapter, resolved, backend)
-        self._slices = file.slice_getter(self._reader)
-        if type(self).get_slice is safe_open.get_slice:
-            # The per-name call goes straight to C; a subclass's own get_slice is left in charge.
-            self.get_slice = self._slices
+        self._attach(file, self._reader)  # what get_slice (SafeOpenBase's, in C) serves
 
     def _open(self) -> _Reader:
         if self._reader is None:
@@ -247,7 +247,7 @@ class safe_open:
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self._reader = None
-        self._slices.close()
+        self._detach()
 
     def keys(self) -> List[str]:
         """Tensor names, sorted."""
@@ -273,12 +273,6 @@ class safe_open:
         reader = self._open()
         with gc_paused():
             return _strategies.get_tensors(reader)
-
-    def get_slice(self, name: str) -> "PySafeSlice":
-        """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
-        # Raises the reference's "File is closed" and "File does not contain tensor" errors. (An instance
-        # normally calls its SliceGetter directly: __init__ puts it in the instance dict.)
-        return self._slices(name)
 
     def get_tensor_meta(self, name: str) -> "TensorMeta":
         """Tensor ``name``'s header entry (dtype code, shape, data offsets); no data is read."""

@@ -37,14 +37,17 @@ class PySafeSlice:
     def get_dtype(self) -> str:
         """The tensor's dtype code, e.g. "F32"."""
 
-class SliceGetter:
-    """safe_open.get_slice of one open file: call it with a tensor name."""
+class SafeOpenBase:
+    """The native part of safe_open: the open file that get_slice serves."""
 
-    def __call__(self, name: str) -> PySafeSlice:
-        """The handle on tensor `name`."""
+    def get_slice(self, name: str) -> PySafeSlice:
+        """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
 
-    def close(self) -> None:
-        """Lets go of the file; from now on every call raises SafetensorError("File is closed"). Handles already made keep working."""
+    def _attach(self, file: File, reader: object, /) -> None:
+        """The File and the _Reader that get_slice serves."""
+
+    def _detach(self) -> None:
+        """Lets go of the file: get_slice raises "File is closed" from now on."""
 
 class File:
     """An open, validated safetensors file (or in-memory bytes)."""
@@ -88,11 +91,6 @@ class File:
     def info(self, name: str) -> tuple[str, tuple[int, ...], int, int]:
         """
         (dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.
-        """
-
-    def slice_getter(self, reader: object) -> SliceGetter:
-        """
-        safe_open.get_slice for this file: getter(name) is the PySafeSlice of a tensor, whose [index] calls reader.slice_item(name, index).
         """
 
     def dtypes(self) -> list[str]:

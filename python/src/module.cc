@@ -291,11 +291,6 @@ NB_MODULE(_safetensors_cpp, m) {
           nb::sig("def info(self, name: str) -> tuple[str, tuple[int, ...], int, int]"),
           "(dtype code, shape, begin, end) of one tensor; begin/end are relative to the data buffer.")
       .def(
-          "slice_getter", [](nb::handle self, nb::handle reader) { return make_slice_getter(self, reader); },
-          "reader"_a, nb::sig("def slice_getter(self, reader: object) -> SliceGetter"),
-          "safe_open.get_slice for this file: getter(name) is the PySafeSlice of a tensor, whose [index] calls "
-          "reader.slice_item(name, index).")
-      .def(
           "dtypes",
           [](const File& f) {
             std::array<bool, kDtypeTable.size()> seen{};

@@ -1,9 +1,6 @@
 #include "py_slice.h"
 
-#include <cstddef>
 #include <string_view>
-
-#include <structmember.h>
 
 #include "common.h"
 #include "safetensors/dtype.h"
@@ -21,8 +18,10 @@ struct SliceObject {
 };
 
 PyTypeObject* g_type = nullptr;  // set once by bind_py_slice; the module keeps the type alive
-// "slice_item", interned once by bind_py_slice and kept for the process: [index] calls reader.slice_item.
+// Interned once by bind_py_slice and kept for the process: [index] calls reader.slice_item, and "name" is the
+// keyword get_slice accepts.
 PyObject* g_slice_item = nullptr;
+PyObject* g_name = nullptr;
 
 SliceObject* as_slice(PyObject* self) { return reinterpret_cast<SliceObject*>(self); }
 
@@ -85,20 +84,16 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-// SliceGetter: safe_open.get_slice itself, one per safe_open (held in its instance dict), so that the
-// per-name call is one vectorcall into C instead of a Python method that calls the binding.
-struct GetterObject {
+// SafeOpenBase: the native base of safe_open, holding the File and the _Reader its get_slice hands to each
+// handle. get_slice is a method of the type (a method descriptor, as the reference's PyO3 method is), so
+// that `f.get_slice(name)` is one specialised method lookup and one C call.
+struct BaseObject {
   PyObject ob_base;
-  vectorcallfunc vectorcall;
-  PyObject* file;  // the File (a nanobind instance)
-  PyObject* reader;
-  bool closed;
+  PyObject* file;    // the File (a nanobind instance); NULL before _attach and after _detach
+  PyObject* reader;  // the _Reader
 };
 
-PyTypeObject* g_getter_type = nullptr;  // set once by bind_py_slice
-PyObject* g_name = nullptr;             // "name", interned: the keyword get_slice accepts
-
-GetterObject* as_getter(PyObject* self) { return reinterpret_cast<GetterObject*>(self); }
+BaseObject* as_base(PyObject* self) { return reinterpret_cast<BaseObject*>(self); }
 
 // A new handle on `tensor` of `file`, or NULL with an exception set.
 PyObject* new_slice(PyObject* file, PyObject* reader, const TensorInfo* tensor) {
@@ -112,11 +107,9 @@ PyObject* new_slice(PyObject* file, PyObject* reader, const TensorInfo* tensor) 
   return self;
 }
 
-// get_slice(name): the handle on tensor `name`; SafetensorError once the file is closed or when it has no
-// such tensor (the reference's texts), TypeError for a name that is not a str.
-PyObject* getter_call(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
-  // The argument errors are PyO3's, as the reference raises them.
-  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+// get_slice(name): the handle on tensor `name`; SafetensorError when the file is closed or has no such tensor
+// (the reference's texts), and PyO3's argument errors.
+PyObject* base_get_slice(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   if (nargs > 1) {
     PyErr_Format(PyExc_TypeError, "safe_open.get_slice() takes 1 positional arguments but %zd were given", nargs);
     return nullptr;
@@ -139,8 +132,8 @@ PyObject* getter_call(PyObject* self, PyObject* const* args, std::size_t nargsf,
     PyErr_SetString(PyExc_TypeError, "safe_open.get_slice() missing 1 required positional argument: 'name'");
     return nullptr;
   }
-  GetterObject* g = as_getter(self);
-  if (g->closed) {
+  BaseObject* base = as_base(self);
+  if (base->file == nullptr) {
     set_python_message(Error::Kind::kInvalidArgument, "File is closed");
     return nullptr;
   }
@@ -152,40 +145,65 @@ PyObject* getter_call(PyObject* self, PyObject* const* args, std::size_t nargsf,
   const char* utf8 = PyUnicode_AsUTF8AndSize(name, &size);
   if (utf8 == nullptr) return nullptr;
   Result<const TensorInfo*> tensor =
-      nb::inst_ptr<File>(g->file)->info(std::string_view(utf8, static_cast<std::size_t>(size)));
+      nb::inst_ptr<File>(base->file)->info(std::string_view(utf8, static_cast<std::size_t>(size)));
   if (!tensor.ok()) {
     set_python_error(tensor.error());
     return nullptr;
   }
-  return new_slice(g->file, g->reader, *tensor);
+  return new_slice(base->file, base->reader, *tensor);
 }
 
-void getter_dealloc(PyObject* self) {
+// _attach(file, reader): what get_slice serves from now on.
+PyObject* base_attach(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "_attach(file, reader)");
+    return nullptr;
+  }
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  Py_XSETREF(as_base(self)->file, args[0]);
+  Py_XSETREF(as_base(self)->reader, args[1]);
+  Py_RETURN_NONE;
+}
+
+int base_clear(PyObject* self) {
+  Py_CLEAR(as_base(self)->file);
+  Py_CLEAR(as_base(self)->reader);
+  return 0;
+}
+
+// _detach(): lets go of the File (its mapping or descriptor), as closing does; get_slice raises "File is
+// closed" from now on, and handles already made keep their own references.
+PyObject* base_detach(PyObject* self, PyObject*) {
+  base_clear(self);
+  Py_RETURN_NONE;
+}
+
+int base_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(as_base(self)->file);
+  Py_VISIT(as_base(self)->reader);
+  Py_VISIT(Py_TYPE(self));  // a heap type's instances own a reference to it
+  return 0;
+}
+
+void base_dealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
-  Py_CLEAR(as_getter(self)->file);
-  Py_CLEAR(as_getter(self)->reader);
+  PyObject_GC_UnTrack(self);
+  base_clear(self);
   reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free))(self);
   Py_DECREF(type);
 }
 
-// Lets go of the File (and its mapping or descriptor) as the closed safe_open does; handles keep their own.
-PyObject* getter_close(PyObject* self, PyObject*) {
-  as_getter(self)->closed = true;
-  Py_CLEAR(as_getter(self)->file);
-  Py_CLEAR(as_getter(self)->reader);
-  Py_RETURN_NONE;
-}
-
-PyMethodDef kGetterMethods[] = {
-    {"close", getter_close, METH_NOARGS,
-     "close($self, /)\n--\n\nLets go of the file; from now on every call raises SafetensorError(\"File is "
-     "closed\"). Handles already made keep working."},
+PyMethodDef kBaseMethods[] = {
+    {"get_slice", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(base_get_slice)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "get_slice($self, /, name)\n--\n\nA lazy handle on tensor ``name`` that reads only what an index expression "
+     "selects."},
+    {"_attach", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(base_attach)), METH_FASTCALL,
+     "_attach($self, file, reader, /)\n--\n\nThe File and the _Reader that get_slice serves."},
+    {"_detach", base_detach, METH_NOARGS,
+     "_detach($self, /)\n--\n\nLets go of the file: get_slice raises \"File is closed\" from now on."},
     {nullptr, nullptr, 0, nullptr},
-};
-
-PyMemberDef kGetterMembers[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(GetterObject, vectorcall), READONLY, nullptr},
-    {nullptr, 0, 0, 0, nullptr},
 };
 
 }  // namespace
@@ -211,30 +229,20 @@ void bind_py_slice(nb::module_& m) {
   g_type = reinterpret_cast<PyTypeObject*>(type.ptr());
   m.attr("PySafeSlice") = type;
 
-  static PyType_Slot getter_slots[] = {
-      {Py_tp_doc, const_cast<char*>("safe_open.get_slice of one open file: call it with a tensor name.")},
-      {Py_tp_new, reinterpret_cast<void*>(slice_new)},
-      {Py_tp_dealloc, reinterpret_cast<void*>(getter_dealloc)},
-      {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
-      {Py_tp_methods, kGetterMethods},
-      {Py_tp_members, kGetterMembers},
+  static PyType_Slot base_slots[] = {
+      {Py_tp_doc, const_cast<char*>("The native part of safe_open: the open file that get_slice serves.")},
+      {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
+      {Py_tp_dealloc, reinterpret_cast<void*>(base_dealloc)},
+      {Py_tp_traverse, reinterpret_cast<void*>(base_traverse)},
+      {Py_tp_clear, reinterpret_cast<void*>(base_clear)},
+      {Py_tp_methods, kBaseMethods},
       {0, nullptr},
   };
-  static PyType_Spec getter_spec = {"safetensors._safetensors_cpp.SliceGetter", sizeof(GetterObject), 0,
-                                    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, getter_slots};
-  nb::object getter_type = nb::steal(PyType_FromSpec(&getter_spec));
-  if (!getter_type.is_valid()) throw nb::python_error();
-  g_getter_type = reinterpret_cast<PyTypeObject*>(getter_type.ptr());
-  m.attr("SliceGetter") = getter_type;
-}
-
-nb::object make_slice_getter(nb::handle file, nb::handle reader) {
-  PyObject* self = PyType_GenericAlloc(g_getter_type, 0);
-  if (self == nullptr) throw nb::python_error();
-  as_getter(self)->vectorcall = getter_call;
-  as_getter(self)->file = nb::borrow(file).release().ptr();
-  as_getter(self)->reader = nb::borrow(reader).release().ptr();
-  return nb::steal(self);
+  static PyType_Spec base_spec = {"safetensors._safetensors_cpp.SafeOpenBase", sizeof(BaseObject), 0,
+                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, base_slots};
+  nb::object base_type = nb::steal(PyType_FromSpec(&base_spec));
+  if (!base_type.is_valid()) throw nb::python_error();
+  m.attr("SafeOpenBase") = base_type;
 }
 
 }  // namespace safetensors::python

@@ -213,8 +213,8 @@ for call in (lambda: f.get_slice("a"), lambda: before_close("a")):
 
 
 def test_get_slice_arguments_and_close_match_the_reference(sample, reference):
-    """get_slice is a C callable per open file (SliceGetter): its argument errors are PyO3's, and it raises
-    "File is closed" after the with-block, also when it was looked up before."""
+    """get_slice is a C method (of safe_open's native base, SafeOpenBase): its argument errors are PyO3's, and it
+    raises "File is closed" after the with-block, also when it was looked up before."""
     path, _ = sample
     theirs = reference.run(GET_SLICE_CALLS, path=str(path))
     ours: dict = {"path": str(path)}
@@ -224,7 +224,7 @@ def test_get_slice_arguments_and_close_match_the_reference(sample, reference):
 
 
 def test_get_slice_of_a_subclass_is_its_own(sample):
-    """A subclass that defines get_slice keeps it (the instance's C getter is only for safe_open's own)."""
+    """A subclass's own get_slice comes first, and reaches the native one through super()."""
     path, tensors = sample
 
     class Counting(safe_open):
@@ -328,6 +328,26 @@ def test_mapping_released_exactly_when_the_last_tensor_dies(sample):
     del s
     gc.collect()
     assert cpp.live_mappings() == base
+
+
+def test_a_handle_dropped_unclosed_lets_go_of_its_file_at_once(sample):
+    """No reference cycle holds a safe_open (or its slices) for the collector: dropping the last reference
+    unmaps the file, with the collector off."""
+    path, tensors = sample
+    gc.collect()
+    base = cpp.live_mappings()
+    gc.disable()
+    try:
+        f = safe_open(path, "np")
+        sl = f.get_slice("a")
+        assert cpp.live_mappings() == base + 1
+        del f
+        assert cpp.live_mappings() == base + 1  # the slice keeps the file
+        np.testing.assert_array_equal(sl[1], tensors["a"][1])
+        del sl
+        assert cpp.live_mappings() == base
+    finally:
+        gc.enable()
 
 
 def test_no_leaks_reported_when_everything_is_released(sample):
