@@ -153,10 +153,11 @@ PyObject* base_get_slice(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   return new_slice(base->file, base->reader, *tensor);
 }
 
-// _attach(file, reader): what get_slice serves from now on.
+// _attach(file, reader): what get_slice serves from now on. `file` must be an initialised File: get_slice
+// reads it as one.
 PyObject* base_attach(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "_attach(file, reader)");
+  if (nargs != 2 || !nb::isinstance<File>(nb::handle(args[0])) || !nb::inst_ready(nb::handle(args[0]))) {
+    PyErr_SetString(PyExc_TypeError, "_attach() takes a File and a reader");
     return nullptr;
   }
   Py_INCREF(args[0]);

@@ -241,6 +241,19 @@ def test_get_slice_of_a_subclass_is_its_own(sample):
         f.get_slice("a")
 
 
+def test_the_native_base_never_reads_what_is_not_a_file(sample):
+    """SafeOpenBase._attach takes only an initialised File (get_slice reads it as one); an unattached base, as a
+    closed one, answers "File is closed"."""
+    path, _ = sample
+    with safe_open(path, "np") as f:
+        for args in ((1, 2), (), (cpp.File.__new__(cpp.File), 1), (f,)):
+            with pytest.raises(TypeError, match=r"^_attach\(\) takes a File and a reader$"):
+                f._attach(*args)
+        assert f.get_slice("a").get_shape() == [2, 3, 4]
+    with pytest.raises(SafetensorError, match="^File is closed$"):
+        cpp.SafeOpenBase().get_slice("a")
+
+
 def test_errors_match_the_reference(sample, tmp_path):
     path, _ = sample
     with pytest.raises(SafetensorError, match="^framework jax2 is invalid$"):
