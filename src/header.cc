@@ -151,8 +151,8 @@ class Parser {
     return ok_status();
   }
 
-  // Parses one entry into *t (name excepted). The shape is appended to *dims; *t->shape is set by the caller
-  // once `dims` stops growing.
+  // Parses one entry into *t (name excepted). The shape is appended to *dims, and *t->shape records only its
+  // rank (its data pointer is not to be used): the caller points it into `dims` once `dims` stops growing.
   Status parse_tensor(std::string_view name, element value, TensorInfo* t, std::vector<std::uint64_t>* dims) const {
     simdjson::dom::object obj;
     if (value.get_object().get(obj) != simdjson::SUCCESS) {
@@ -192,6 +192,7 @@ class Parser {
           return json_error("`shape` of tensor " + quote(name) + " must be an array, found " +
                             type_name(kv.value.type()));
         }
+        const std::size_t first = dims->size();
         for (element dim : arr) {
           std::uint64_t d;
           if (!get_u64(dim, &d)) {
@@ -201,6 +202,7 @@ class Parser {
           }
           dims->push_back(d);
         }
+        t->shape = std::span<const std::uint64_t>(dims->data(), dims->size() - first);
       } else {
         simdjson::dom::array arr;
         if (kv.value.get_array().get(arr) != simdjson::SUCCESS) {
@@ -297,11 +299,9 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   // and never reallocates: the views into it stay valid.
   out.names = std::make_unique_for_overwrite<char[]>(json.size());
   std::size_t names_used = 0;
-  std::vector<std::size_t> shape_start;  // per tensor, its first dim in out.dims
   // Reserved so that they do not grow (and page-fault each copy) as they fill: most tensors have 1-2 dims.
   const std::size_t entries = std::min<std::size_t>(obj.size(), json.size() / 16 + 1);
   out.tensors.reserve(entries);
-  shape_start.reserve(entries);
   out.dims.reserve(2 * entries);
   bool have_metadata = false;
   for (auto kv : obj) {
@@ -316,12 +316,13 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
     TensorInfo& t = out.tensors.emplace_back();
     t.name = std::string_view(out.names.get() + names_used, kv.key.size());
     names_used += kv.key.size();
-    shape_start.push_back(out.dims.size());
     SAFETENSORS_RETURN_IF_ERROR(p.parse_tensor(kv.key, kv.value, &t, &out.dims));
   }
-  for (std::size_t i = 0; i < out.tensors.size(); ++i) {
-    const std::size_t end = i + 1 < shape_start.size() ? shape_start[i + 1] : out.dims.size();
-    out.tensors[i].shape = std::span<const std::uint64_t>(out.dims.data() + shape_start[i], end - shape_start[i]);
+  // Each tensor's dims follow the previous tensor's in `dims` (header order, not sorted yet).
+  std::size_t first_dim = 0;
+  for (TensorInfo& t : out.tensors) {
+    t.shape = std::span<const std::uint64_t>(out.dims.data() + first_dim, t.shape.size());
+    first_dim += t.shape.size();
   }
 
   // Step 6 walks tensors in data_offsets order; ties keep header order, which is also the file order.

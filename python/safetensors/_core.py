@@ -12,7 +12,7 @@ import contextlib
 import gc
 import importlib
 import os
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
@@ -230,23 +230,20 @@ class safe_open(_cpp.SafeOpenBase):
             (tensors own their memory, read with positional reads).
     """
 
+    _open: Callable[[], "_Reader"]  # SafeOpenBase's: the _Reader, or SafetensorError "File is closed"
+
     def __init__(self, filename: PathLike, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> None:
         adapter = framework_adapter(framework)
         resolved = adapter.resolve_device(device)
         file = _cpp.File(_fspath(filename), backend)  # which also refuses a backend that is not mmap or pread
-        self._reader: Optional[_Reader] = _Reader(file, adapter, resolved, backend)
-        self._attach(file, self._reader)  # what get_slice (SafeOpenBase's, in C) serves
-
-    def _open(self) -> _Reader:
-        if self._reader is None:
-            raise SafetensorError("File is closed")
-        return self._reader
+        # What get_slice serves and _open() returns until __exit__: SafeOpenBase (in C) keeps the one record
+        # of whether this handle is open, and the one "File is closed" error.
+        self._attach(file, _Reader(file, adapter, resolved, backend))
 
     def __enter__(self) -> "safe_open":
         return self
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        self._reader = None
         self._detach()
 
     def keys(self) -> List[str]:
@@ -263,9 +260,7 @@ class safe_open(_cpp.SafeOpenBase):
 
     def get_tensor(self, name: str) -> Any:
         """The whole tensor ``name``, in the framework and on the device this file was opened for."""
-        reader = self._reader
-        if reader is None:
-            raise SafetensorError("File is closed")
+        reader = self._open()
         return reader.one(reader, name)  # the strategy's (_strategies.py), inlined: the per-tensor path
 
     def get_tensors(self) -> Dict[str, Any]:

@@ -95,6 +95,14 @@ struct BaseObject {
 
 BaseObject* as_base(PyObject* self) { return reinterpret_cast<BaseObject*>(self); }
 
+// Whether the base is open (attached and not detached); else false with the reference's SafetensorError set.
+// The one place that decides and words "closed": safe_open's Python methods ask _open().
+bool check_open(const BaseObject* base) {
+  if (base->file != nullptr) return true;
+  set_python_message(Error::Kind::kInvalidArgument, "File is closed");
+  return false;
+}
+
 // A new handle on `tensor` of `file`, or NULL with an exception set.
 PyObject* new_slice(PyObject* file, PyObject* reader, const TensorInfo* tensor) {
   PyObject* self = PyType_GenericAlloc(g_type, 0);  // zeroed, owning a reference to the type
@@ -133,10 +141,7 @@ PyObject* base_get_slice(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return nullptr;
   }
   BaseObject* base = as_base(self);
-  if (base->file == nullptr) {
-    set_python_message(Error::Kind::kInvalidArgument, "File is closed");
-    return nullptr;
-  }
+  if (!check_open(base)) return nullptr;
   if (!PyUnicode_Check(name)) {
     PyErr_Format(PyExc_TypeError, "argument 'name': '%s' object is not an instance of 'str'", Py_TYPE(name)->tp_name);
     return nullptr;
@@ -167,14 +172,21 @@ PyObject* base_attach(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// _open(): the _Reader of an open base; SafetensorError "File is closed" otherwise.
+PyObject* base_open(PyObject* self, PyObject*) {
+  const BaseObject* base = as_base(self);
+  if (!check_open(base)) return nullptr;
+  return Py_NewRef(base->reader);
+}
+
 int base_clear(PyObject* self) {
   Py_CLEAR(as_base(self)->file);
   Py_CLEAR(as_base(self)->reader);
   return 0;
 }
 
-// _detach(): lets go of the File (its mapping or descriptor), as closing does; get_slice raises "File is
-// closed" from now on, and handles already made keep their own references.
+// _detach(): lets go of the File (its mapping or descriptor), as closing does; get_slice and _open raise
+// "File is closed" from now on, and handles already made keep their own references.
 PyObject* base_detach(PyObject* self, PyObject*) {
   base_clear(self);
   Py_RETURN_NONE;
@@ -202,8 +214,10 @@ PyMethodDef kBaseMethods[] = {
      "selects."},
     {"_attach", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(base_attach)), METH_FASTCALL,
      "_attach($self, file, reader, /)\n--\n\nThe File and the _Reader that get_slice serves."},
+    {"_open", base_open, METH_NOARGS,
+     "_open($self, /)\n--\n\nThe _Reader, while the file is open; SafetensorError \"File is closed\" otherwise."},
     {"_detach", base_detach, METH_NOARGS,
-     "_detach($self, /)\n--\n\nLets go of the file: get_slice raises \"File is closed\" from now on."},
+     "_detach($self, /)\n--\n\nLets go of the file: get_slice and _open raise \"File is closed\" from now on."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -11,7 +11,7 @@
 namespace safetensors::python {
 
 // Creates the types as `m.PySafeSlice` and `m.SafeOpenBase` (safe_open's native base: its get_slice, fed by
-// _attach(file, reader) and stopped by _detach()).
+// _attach(file, reader), asked by _open() and stopped by _detach(): the one record of whether it is open).
 void bind_py_slice(nanobind::module_& m);
 
 }  // namespace safetensors::python

@@ -177,13 +177,19 @@ def test_metadata_absent_is_none(tmp_path):
         assert f.metadata() is None
 
 
-def test_closed_handle(sample):
+@pytest.mark.parametrize("close", ["__exit__", "_detach"])
+def test_closed_handle(sample, close):
+    """Closed is one state, the native base's: detaching the base alone closes every method, not only get_slice."""
     path, tensors = sample
     f = safe_open(path, "np")
     tensor = f.get_tensor("a")
     sl = f.get_slice("a")
-    f.__exit__(None, None, None)
-    for call in (f.keys, f.offset_keys, f.metadata, f.get_tensors, lambda: f.get_tensor("a"), lambda: f.get_slice("a")):
+    if close == "__exit__":
+        f.__exit__(None, None, None)
+    else:
+        f._detach()
+    for call in (f.keys, f.offset_keys, f.metadata, f.get_tensors, lambda: f.get_tensor("a"), lambda: f.get_slice("a"),
+                 lambda: f.get_tensor_meta("a"), f.prefetch, f._open):
         with pytest.raises(SafetensorError, match="^File is closed$"):
             call()
     np.testing.assert_array_equal(tensor, tensors["a"])  # tensors and slices from before stay valid

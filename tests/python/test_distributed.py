@@ -288,7 +288,7 @@ def run(request, ckpt, tmp_path_factory):
 @pytest.mark.parametrize("scenario", ["replicated", "replicated_mmap", "after_errors"])
 def test_replicated_every_rank_gets_load_file(run, ckpt, scenario):
     world, ranks = run
-    data_bytes = os.path.getsize(ckpt["path"]) - safe_open(ckpt["path"], "pt")._reader.file.data_offset
+    data_bytes = os.path.getsize(ckpt["path"]) - safe_open(ckpt["path"], "pt")._open().file.data_offset
     got = ranks[scenario]
     for rank, result in enumerate(got):
         assert "error" not in result, result
@@ -359,7 +359,7 @@ def test_sharded_checkpoint(run, ckpt):
     data = 0
     for shard in sorted(ckpt["sharded"].glob("*.safetensors")):
         with safe_open(shard, "pt") as f:
-            data += os.path.getsize(shard) - f._reader.file.data_offset
+            data += os.path.getsize(shard) - f._open().file.data_offset
     got = ranks["sharded"]
     for rank, result in enumerate(got):
         assert "error" not in result, result
@@ -596,7 +596,7 @@ def test_two_hosts_over_a_veth_pair(two_hosts, ckpt, tmp_path):
     env = [{"MASTER_ADDR": ADDRS[0], "MASTER_PORT": "29517", "GLOO_SOCKET_IFNAME": VETH[r]} for r in range(world)]
     prefix = [["ip", "netns", "exec", NETNS[r]] for r in range(world)]
     ranks = spawn(tmp_path, world, scenarios, prefix=prefix, env=env, store=False)
-    data_bytes = os.path.getsize(path) - safe_open(path, "pt")._reader.file.data_offset
+    data_bytes = os.path.getsize(path) - safe_open(path, "pt")._open().file.data_offset
     got = ranks["replicated"]
     for result in got:
         assert result["tensors"] == ckpt["expected"]
