@@ -46,8 +46,11 @@ class SafeOpenBase:
     def _attach(self, file: File, reader: object, /) -> None:
         """The File and the _Reader that get_slice serves."""
 
+    def _open(self) -> object:
+        """The _Reader, while the file is open; SafetensorError "File is closed" otherwise."""
+
     def _detach(self) -> None:
-        """Lets go of the file: get_slice raises "File is closed" from now on."""
+        """Lets go of the file: get_slice and _open raise "File is closed" from now on."""
 
 class File:
     """An open, validated safetensors file (or in-memory bytes)."""
