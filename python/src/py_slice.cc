@@ -176,7 +176,8 @@ PyObject* base_attach(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* base_open(PyObject* self, PyObject*) {
   const BaseObject* base = as_base(self);
   if (!check_open(base)) return nullptr;
-  return Py_NewRef(base->reader);
+  Py_INCREF(base->reader);  // not Py_NewRef: Python 3.9 has none
+  return base->reader;
 }
 
 int base_clear(PyObject* self) {
