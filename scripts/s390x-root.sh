@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Unpacks a Debian 12 (bookworm) s390x root into build/s390x-root (or $SAFETENSORS_S390X_ROOT) for the
 # big-endian stage (scripts/test.d/60-big-endian.sh): the s390x builds of what the C++ library and its tests
-# link (simdjson, GoogleTest, glibc, libstdc++) for the cross build (cmake/toolchain-s390x.cmake), and an
+# link (simdjson, GoogleTest, glibc, libstdc++; libcurl, which the remote tests load) for the cross build (cmake/toolchain-s390x.cmake), and an
 # s390x Python 3.11 with numpy for the Python checks, all run under qemu-s390x-static. The host tools
 # (qemu-user-static, g++-s390x-linux-gnu, mmdebstrap) are in scripts/setup.sh's APT_PACKAGES.
 #
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 ROOT_DIR=${SAFETENSORS_S390X_ROOT:-$PWD/build/s390x-root}
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
-PACKAGES=libsimdjson-dev,libgtest-dev,python3,python3-dev,python3-numpy
+PACKAGES=libsimdjson-dev,libgtest-dev,libcurl4-openssl-dev,python3,python3-dev,python3-numpy
 STAMP="$SUITE $MIRROR $PACKAGES"
 
 if [ -f "$ROOT_DIR/.safetensors-root" ] && [ "$(cat "$ROOT_DIR/.safetensors-root")" = "$STAMP" ]; then

@@ -63,8 +63,13 @@ std::uint64_t TensorInfo::numel() const {
   return internal::checked_product(shape).value_or(0);
 }
 
+Result<std::shared_ptr<const Source>> open_source(const std::string& location, const OpenOptions& options) {
+  if (is_remote_location(location)) return open_remote_source(location, options.remote);
+  return open_file_source(location, options.backend);
+}
+
 Result<File> File::open(const std::string& path, const OpenOptions& options) {
-  SAFETENSORS_ASSIGN_OR_RETURN(auto source, open_file_source(path, options.backend));
+  SAFETENSORS_ASSIGN_OR_RETURN(auto source, open_source(path, options));
   return open(std::move(source), options);
 }
 
@@ -77,7 +82,11 @@ Result<File> File::open(std::shared_ptr<const Source> source, const OpenOptions&
 }
 
 const std::string& File::path() const { return state_->source->name(); }
-Backend File::backend() const { return state_->source->backend(); }
+Backend File::backend() const {
+  const Source& src = *state_->source;
+  if (src.data() == nullptr) return Backend::kPread;
+  return src.data_is_memory() ? Backend::kMemory : Backend::kMmap;
+}
 const std::shared_ptr<const Source>& File::source() const { return state_->source; }
 std::uint64_t File::data_offset() const { return state_->data_offset(); }
 std::uint64_t File::header_length() const { return state_->header.header_length; }
@@ -225,7 +234,12 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
       std::max<std::uint64_t>({1, plan.run_length(), plan.run_count() ? span / plan.run_count() : 0});
   const std::uint64_t runs_per_piece = std::max<std::uint64_t>(1, kSlicePiece / span_per_run);
   const std::uint64_t pieces = (plan.run_count() + runs_per_piece - 1) / runs_per_piece;
-  const unsigned threads = span >= 2 * kSlicePiece ? internal::default_threads(span, kSlicePiece) : 1;
+  const ReadHints hints = src.read_hints();
+  const unsigned threads = span < 2 * kSlicePiece  ? 1
+                           : hints.parallelism > 0 ? hints.parallelism
+                                                   : internal::default_threads(span, kSlicePiece);
+  // Runs closer than this are read together (a remote source asks for a larger gap than a syscall's worth).
+  const std::uint64_t coalesce_gap = std::max(kCoalesceGap, hints.merge_gap);
   auto piece_runs = [&](std::size_t i) {
     const std::uint64_t first = i * runs_per_piece;
     return std::pair{first, std::min(runs_per_piece, plan.run_count() - first)};
@@ -233,7 +247,7 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
 
   // Only a memory source is copied from directly: a mapping is read with positional reads like a file, so
   // a file that shrank gives kIo instead of SIGBUS.
-  if (const std::byte* mem = src.data(); mem != nullptr && src.backend() == Backend::kMemory) {
+  if (const std::byte* mem = src.data(); mem != nullptr && src.data_is_memory()) {
     SAFETENSORS_RETURN_IF_ERROR(internal::run_parallel(pieces, threads, [&](std::size_t i) -> Status {
       const auto [first, count] = piece_runs(i);
       plan.for_each_run(first, count, [&](const SliceRun& r) {
@@ -281,7 +295,7 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
       if (!group.empty()) {
         const std::uint64_t new_lo = std::min(lo, r.source_offset);
         const std::uint64_t new_hi = std::max(hi, r_end);
-        const bool near = r.source_offset <= hi + kCoalesceGap && r_end + kCoalesceGap >= lo;
+        const bool near = r.source_offset <= hi + coalesce_gap && r_end + coalesce_gap >= lo;
         if (near && new_hi - new_lo <= kCoalesceSpan) {
           lo = new_lo;
           hi = new_hi;

@@ -370,7 +370,7 @@ Result<ParsedHeader> read_header(const Source& source, std::uint64_t max_header_
   // read (but never interprets) that many bytes past the end of its input. A mapped file is read like any
   // other, so a file that shrinks while it is opened gives kIo instead of SIGBUS.
   if (const std::byte* mem = source.data();
-      mem != nullptr && source.backend() == Backend::kMemory && file_size - *header_end >= kJsonPadding) {
+      mem != nullptr && source.data_is_memory() && file_size - *header_end >= kJsonPadding) {
     return parse_header_json(std::string_view(reinterpret_cast<const char*>(mem) + 8, n), file_size - *header_end,
                              context);
   }

@@ -1,6 +1,8 @@
 #include "read_pieces.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 
 #include "parallel.h"
 #include "quote.h"
@@ -17,13 +19,69 @@ void split_read(const Source& source, std::uint64_t source_offset, std::span<std
   });
 }
 
+namespace {
+
+// Reads `group` (pieces of one source, in file order, within its merge_gap of each other) as one read into
+// scratch memory, then copies each piece out: a remote source pays one request for many small tensors.
+Status read_merged(std::span<const ReadPiece> group) {
+  const ReadPiece& first = group.front();
+  const std::uint64_t lo = first.source_offset;
+  const std::uint64_t hi = group.back().source_offset + group.back().length;
+  auto scratch = std::make_unique_for_overwrite<std::byte[]>(hi - lo);
+  const std::span<std::byte> all(scratch.get(), hi - lo);
+  const std::string what =
+      first.tensor.empty()
+          ? std::string("read of the data buffer")
+          : read_of(first.tensor) +
+                (group.size() > 1 ? " and " + std::to_string(group.size() - 1) + " more" : std::string());
+  SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, first.source->read(lo, all, what));
+  for (const ReadPiece& p : group) {
+    const std::span<std::byte> dst(p.dst, p.length);
+    std::memcpy(dst.data(), bytes.data() + (p.source_offset - lo), p.length);
+    byteswap_units(dst, p.swap);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsigned threads) {
   if (pieces.empty()) return ok_status();
-  if (threads == 0) threads = default_threads(total, kReadChunk);
-  return run_parallel(pieces.size(), threads, [&](std::size_t i) -> Status {
-    hint_ahead(i, pieces.size(),
-               [&](std::size_t k) { pieces[k].source->prefetch(pieces[k].source_offset, pieces[k].length); });
-    const ReadPiece& p = pieces[i];
+  const ReadHints hints = pieces.front().source->read_hints();
+  if (threads == 0) {
+    threads = hints.parallelism > 0 ? hints.parallelism : default_threads(total, kReadChunk);
+  }
+  // Groups of consecutive pieces worth one read: where the source says separate reads cost more than the
+  // bytes between them (merge_gap), pieces smaller than that are merged with their neighbours in the file,
+  // up to kReadChunk. Each group is [groups[g], groups[g + 1]).
+  std::vector<std::size_t> groups;
+  groups.reserve(pieces.size() + 1);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    if (i > 0 && hints.merge_gap > 0) {
+      const ReadPiece& start = pieces[groups.back()];
+      const ReadPiece& prev = pieces[i - 1];
+      const ReadPiece& p = pieces[i];
+      const std::uint64_t prev_end = prev.source_offset + prev.length;
+      const bool small = prev.length < hints.merge_gap && p.length < hints.merge_gap;
+      if (small && p.source == start.source && p.source_offset >= prev_end &&
+          p.source_offset - prev_end <= hints.merge_gap &&
+          p.source_offset + p.length - start.source_offset <= kReadChunk) {
+        continue;
+      }
+    }
+    groups.push_back(i);
+  }
+  groups.push_back(pieces.size());
+  const std::size_t count = groups.size() - 1;
+  return run_parallel(count, threads, [&](std::size_t g) -> Status {
+    hint_ahead(g, count, [&](std::size_t k) {
+      const ReadPiece& a = pieces[groups[k]];
+      const ReadPiece& b = pieces[groups[k + 1] - 1];
+      a.source->prefetch(a.source_offset, b.source_offset + b.length - a.source_offset);
+    });
+    const std::span<const ReadPiece> group = pieces.subspan(groups[g], groups[g + 1] - groups[g]);
+    if (group.size() > 1) return read_merged(group);
+    const ReadPiece& p = group.front();
     const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
     const std::span<std::byte> dst(p.dst, p.length);
     SAFETENSORS_RETURN_IF_ERROR(read_exact(*p.source, p.source_offset, dst, what));

@@ -41,8 +41,10 @@ std::string read_of(std::string_view tensor);
 void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
                 std::uint8_t swap, std::vector<ReadPiece>* pieces);
 
-// Reads every piece with up to `threads` threads (0 = by `total`, the pieces' bytes, and the hardware); the
-// first error wins. Pieces are handed out in order, so pieces of different requests -- or files -- appended
+// Reads every piece with up to `threads` threads (0 = the source's ReadHints::parallelism, else by `total`,
+// the pieces' bytes, and the hardware); the first error wins. Where the source's ReadHints::merge_gap is set,
+// consecutive pieces smaller than it that lie within it of each other are read as one (a remote source's
+// request costs a round trip); pieces of one call must then be in file order for merging to apply. Pieces are handed out in order, so pieces of different requests -- or files -- appended
 // in turn are read side by side, and the readers hint their pieces' Sources ahead (hint_ahead,
 // Source::prefetch). Every read is a positional read (read_exact), so a file that shrank or fails
 // underneath gives kIo, even on the mmap backend; the pieces keep a warm read as fast as copying out of the

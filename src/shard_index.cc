@@ -18,7 +18,6 @@
 namespace safetensors {
 
 using internal::quote;
-using internal::sibling_path;
 namespace {
 
 // A shard name must stay inside the index's directory: a hostile index must not make us open arbitrary
@@ -38,16 +37,28 @@ bool is_safe_shard_name(std::string_view name) {
 }  // namespace
 
 Result<ShardIndex> ShardIndex::read(const std::string& path, std::uint64_t max_bytes) {
-  SAFETENSORS_ASSIGN_OR_RETURN(auto source, open_file_source(path, Backend::kPread));
+  OpenOptions options;
+  options.max_header_bytes = max_bytes;
+  return read(path, options);
+}
+
+Result<ShardIndex> ShardIndex::read(const std::string& path, const OpenOptions& options) {
+  OpenOptions pread = options;
+  pread.backend = Backend::kPread;
+  SAFETENSORS_ASSIGN_OR_RETURN(auto source, open_source(path, pread));
   const std::uint64_t size = source->size();
+  const std::uint64_t max_bytes = options.max_header_bytes;
   if (size > max_bytes || size > SIZE_MAX - simdjson::SIMDJSON_PADDING) {
-    return Error::invalid_argument(
-        path, "the index is " + std::to_string(size) + " bytes, above the limit of " + std::to_string(max_bytes));
+    return Error::invalid_argument(source->name(), "the index is " + std::to_string(size) +
+                                                       " bytes, above the limit of " + std::to_string(max_bytes));
   }
   std::string text(static_cast<std::size_t>(size), '\0');
   SAFETENSORS_RETURN_IF_ERROR(read_exact(
       *source, 0, std::span<std::byte>(reinterpret_cast<std::byte*>(text.data()), text.size()), "read of the index"));
-  return parse(path, text);
+  // Errors name the index as its source does (a URL without its query); shards resolve against the location.
+  SAFETENSORS_ASSIGN_OR_RETURN(ShardIndex index, parse(source->name(), text));
+  index.path = path;
+  return index;
 }
 
 Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view text) {
@@ -131,7 +142,7 @@ Result<ShardIndex> ShardIndex::parse(const std::string& path, std::string_view t
   return out;
 }
 
-std::string ShardIndex::shard_path(std::size_t s) const { return sibling_path(path, shard_names[s]); }
+std::string ShardIndex::shard_path(std::size_t s) const { return resolve_location(path, shard_names[s]); }
 
 std::vector<std::string_view> ShardIndex::assigned(std::size_t s) const {
   std::vector<std::string_view> names;

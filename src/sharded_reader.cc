@@ -31,10 +31,11 @@ struct ShardedFile::State {
 // Opening
 
 Result<ShardedFile> ShardedFile::open_index(const std::string& index_path, const OpenOptions& options) {
-  SAFETENSORS_ASSIGN_OR_RETURN(ShardIndex index, ShardIndex::read(index_path, options.max_header_bytes));
+  SAFETENSORS_ASSIGN_OR_RETURN(ShardIndex index, ShardIndex::read(index_path, options));
   auto state = std::make_shared<State>();
   state->index_path = index_path;
-  state->context = index_path;
+  // Errors name a URL without its query (a SAS token lives there).
+  state->context = is_remote_location(index_path) ? redact_url(index_path) : index_path;
   state->metadata = std::move(index.metadata);
   state->total_size = index.total_size;
   state->shards.reserve(index.shard_names.size());

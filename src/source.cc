@@ -47,8 +47,9 @@ class MemorySource final : public Source {
 
   const std::string& name() const override { return name_; }
   std::uint64_t size() const override { return bytes_.size(); }
-  Backend backend() const override { return Backend::kMemory; }
+  std::string_view kind() const override { return "memory"; }
   const std::byte* data() const override { return bytes_.data(); }
+  bool data_is_memory() const override { return true; }
 
  private:
   Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
@@ -80,7 +81,7 @@ class MmapSource final : public Source {
 
   const std::string& name() const override { return path_; }
   std::uint64_t size() const override { return size_; }
-  Backend backend() const override { return Backend::kMmap; }
+  std::string_view kind() const override { return "mmap"; }
   const std::byte* data() const override { return static_cast<const std::byte*>(base_); }
   bool writable() const override { return writable_; }
   void prefetch(std::uint64_t offset, std::uint64_t length) const override {
@@ -114,7 +115,7 @@ class PreadSource final : public Source {
 
   const std::string& name() const override { return path_; }
   std::uint64_t size() const override { return size_; }
-  Backend backend() const override { return Backend::kPread; }
+  std::string_view kind() const override { return "pread"; }
   void prefetch(std::uint64_t offset, std::uint64_t length) const override {
     (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
   }
@@ -236,9 +237,12 @@ FaultySource::~FaultySource() = default;
 
 const std::string& FaultySource::name() const { return base_->name(); }
 std::uint64_t FaultySource::size() const { return base_->size(); }
-Backend FaultySource::backend() const { return base_->backend(); }
+std::string_view FaultySource::kind() const { return base_->kind(); }
 const std::byte* FaultySource::data() const { return hide_mapping.load() ? nullptr : base_->data(); }
 bool FaultySource::writable() const { return hide_mapping.load() ? false : base_->writable(); }
+bool FaultySource::data_is_memory() const { return hide_mapping.load() ? false : base_->data_is_memory(); }
+ReadHints FaultySource::read_hints() const { return base_->read_hints(); }
+SourceStats FaultySource::stats() const { return base_->stats(); }
 void FaultySource::prefetch(std::uint64_t offset, std::uint64_t length) const {
   bytes_prefetched.fetch_add(length, std::memory_order_relaxed);
   base_->prefetch(offset, length);

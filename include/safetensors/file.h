@@ -40,6 +40,7 @@
 #include "safetensors/dtype.h"
 #include "safetensors/error.h"
 #include "safetensors/export.h"
+#include "safetensors/remote.h"
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
 
@@ -52,10 +53,19 @@ inline constexpr std::uint64_t kDefaultMaxHeaderBytes = 100'000'000;
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 
 struct OpenOptions {
+  // How a local file is read (a remote or memory source decides for itself).
   Backend backend = Backend::kMmap;
   // Headers longer than this fail with kHeaderTooLarge.
   std::uint64_t max_header_bytes = kDefaultMaxHeaderBytes;
+  // For http://, https:// and s3:// locations (remote.h).
+  RemoteOptions remote{};
 };
+
+// The one factory of Sources from a location: a remote source for an http://, https:// or s3:// URL
+// (open_remote_source with options.remote), else the local file (open_file_source with options.backend).
+// Errors: those of the factory it calls.
+SAFETENSORS_EXPORT Result<std::shared_ptr<const Source>> open_source(const std::string& location,
+                                                                     const OpenOptions& options = {});
 
 // One tensor's entry in the header. The name and shape view memory owned by the File they came from: they are
 // valid while any copy of that File is alive.
@@ -91,15 +101,18 @@ struct ReadRequest {
 
 class SAFETENSORS_EXPORT File {
  public:
-  // Opens and validates the file at `path`. Errors: kNotFound, kIo, and every header kind of Error::Kind
-  // (kHeaderTooSmall ... kMetadataIncompleteBuffer), each with the path as context.
+  // Opens and validates the file at `path`, a local path or a URL (open_source()). Errors: kNotFound, kIo,
+  // and every header kind of Error::Kind (kHeaderTooSmall ... kMetadataIncompleteBuffer), each with the
+  // path (a URL without its query) as context.
   static Result<File> open(const std::string& path, const OpenOptions& options = {});
   // Validates the bytes of `source` (options.backend is ignored; the source decides). Same errors as above.
   static Result<File> open(std::shared_ptr<const Source> source, const OpenOptions& options = {});
 
-  // The path (or "<memory>").
+  // The path, "<memory>", or the URL without its query string.
   const std::string& path() const;
-  // The backend actually in use (kMmap may have fallen back to kPread).
+  // How tensors are delivered, from what the source can do: kMmap when it gives zero-copy views of a
+  // mapping, kMemory for a caller's buffer, kPread for positional reads (a file not mapped -- kMmap may
+  // have fallen back -- or a remote object).
   Backend backend() const;
   const std::shared_ptr<const Source>& source() const;
 

@@ -44,9 +44,11 @@ namespace safetensors {
 //
 // Thread safety: immutable once made; safe for concurrent use by multiple threads.
 struct SAFETENSORS_EXPORT ShardIndex {
-  // Reads and parses the index at `path`; an index larger than `max_bytes` is refused.
-  // Errors: kNotFound (no such file), kIo, and those of parse() (context: `path`).
+  // Reads and parses the index at `path`, a local path or a URL (open_source()); an index larger than
+  // `max_bytes` (options.max_header_bytes) is refused.
+  // Errors: kNotFound (no such file), kIo, and those of parse() (context: `path`, a URL without its query).
   static Result<ShardIndex> read(const std::string& path, std::uint64_t max_bytes = kDefaultMaxHeaderBytes);
+  static Result<ShardIndex> read(const std::string& path, const OpenOptions& options);
   // Parses index text; `path` names it in errors and locates the shards.
   // Errors: kInvalidArgument (context: `path`) when the text is not valid JSON, is not an object, has a
   // duplicate key (at any level), has no `weight_map` object, maps a tensor to something other than a string,
@@ -54,7 +56,7 @@ struct SAFETENSORS_EXPORT ShardIndex {
   // nor null. Keys other than `weight_map` and `metadata` are ignored, as transformers ignores them.
   static Result<ShardIndex> parse(const std::string& path, std::string_view text);
 
-  // The index path as given.
+  // The index path as given (a URL keeps its query: shards are resolved against it).
   std::string path;
   // `weight_map` in index order: (tensor name, shard name).
   std::vector<std::pair<std::string, std::string>> weight_map;

@@ -1,7 +1,9 @@
 // Source: where a file's bytes come from.
 //
 // A Source is a fixed-size, read-only sequence of bytes with positional reads, modelled on LevelDB's
-// RandomAccessFile. Three implementations exist and no layer above this one knows which it has:
+// RandomAccessFile. Several implementations exist and no layer above this one knows which it has: layers above
+// ask what a source can do (data(): zero-copy views; data_is_memory(); read_hints(): how it likes to be read),
+// never what it is. kind() is a label for people and statistics, not a policy.
 //   - mmap:   a private (copy-on-write) mapping of a file, exposed whole by data() for zero-copy views.
 //             read() still uses pread(2) on the file's descriptor: a mapped page of a file that shrank or
 //             fails with EIO underneath (NFS, FUSE) raises SIGBUS when touched, a positional read returns
@@ -9,8 +11,10 @@
 //             keeps the descriptor open for that as long as it (and so any view of it) lives.
 //   - pread:  positional reads with pread(2) into the caller's buffer; no mapping, no shared file position.
 //   - memory: a caller's buffer, kept alive by an owner the caller supplies. read() returns views into it.
+//   - remote: an object behind an http(s):// or s3:// URL, read with HTTP range requests (remote.h).
 // open_file_source() opens regular files only, and picks mmap or pread; if mapping fails (address-space
-// limits, empty files) it falls back to pread, and backend() says what was chosen.
+// limits, empty files) it falls back to pread. open_source() (file.h) picks a file or a remote source from a
+// location.
 //
 // Thread safety: a Source is immutable after construction; all methods are const and safe for concurrent use
 // by multiple threads.
@@ -33,6 +37,8 @@
 
 namespace safetensors {
 
+// How a local file is opened (OpenOptions::backend), and how an open File reports its delivery
+// (File::backend()). A remote or memory source ignores the request: what it can do decides.
 enum class Backend {
   // Map the file (private, copy-on-write). Views are zero-copy.
   kMmap,
@@ -42,6 +48,23 @@ enum class Backend {
   kMemory,
 };
 
+// How a Source likes to be read, for the layers that cut reads up (File::read_many, read_slice, the engine).
+struct ReadHints {
+  // Concurrent reads worth issuing; 0: as the hardware and the size suggest (a local file).
+  unsigned parallelism = 0;
+  // Separate reads closer than this many bytes are worth merging into one (reading the gap costs less than
+  // a second request); 0: only the library's default for slices.
+  std::uint64_t merge_gap = 0;
+};
+
+// What a Source has done so far, for sources that count (remote ones); all zero elsewhere.
+struct SourceStats {
+  // Requests sent (each retry counts), bytes received in their bodies, and retries among them.
+  std::uint64_t requests = 0;
+  std::uint64_t bytes_fetched = 0;
+  std::uint64_t retries = 0;
+};
+
 class SAFETENSORS_EXPORT Source {
  public:
   Source() = default;
@@ -49,11 +72,13 @@ class SAFETENSORS_EXPORT Source {
   Source& operator=(const Source&) = delete;
   virtual ~Source();
 
-  // The path, or "<memory>": the context of every error this Source reports.
+  // The path, "<memory>", or a URL without its query string or credentials: the context of every error this
+  // Source reports. Never holds a secret.
   virtual const std::string& name() const = 0;
   // Size in bytes, fixed when the Source was created.
   virtual std::uint64_t size() const = 0;
-  virtual Backend backend() const = 0;
+  // A label: "mmap", "pread", "memory", "http", "s3". For people and statistics only.
+  virtual std::string_view kind() const = 0;
 
   // Reads exactly dst.size() bytes starting at `offset`. On success the returned span holds them: either a
   // view into a memory Source's buffer (then dst is untouched) or dst itself after the bytes were copied
@@ -73,8 +98,13 @@ class SAFETENSORS_EXPORT Source {
   // True when data() may be written through: a private copy-on-write mapping whose writes never reach the
   // file. Memory sources and read-only mappings return false.
   virtual bool writable() const { return false; }
+  // True when data() is ordinary memory (a caller's buffer) that may be copied from directly. A mapping's
+  // data() can raise SIGBUS, so the library reads a mapped file with positional reads instead.
+  virtual bool data_is_memory() const { return false; }
   // A hint that [offset, offset + length) will be read soon (readahead). Never fails.
   virtual void prefetch(std::uint64_t /*offset*/, std::uint64_t /*length*/) const {}
+  virtual ReadHints read_hints() const { return {}; }
+  virtual SourceStats stats() const { return {}; }
 
  private:
   // read() after its range check: [offset, offset + dst.size()) lies inside [0, size()).
@@ -128,10 +158,13 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
 
   const std::string& name() const override;
   std::uint64_t size() const override;
-  Backend backend() const override;
+  std::string_view kind() const override;
   const std::byte* data() const override;
   bool writable() const override;
+  bool data_is_memory() const override;
   void prefetch(std::uint64_t offset, std::uint64_t length) const override;
+  ReadHints read_hints() const override;
+  SourceStats stats() const override;
 
  private:
   Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
