@@ -90,6 +90,29 @@ def _fspath(filename: Any) -> str:
     return path.decode() if isinstance(path, bytes) else path
 
 
+#: What ``storage_options`` may hold, for remote locations (``s3://``, ``https://``): the C++ library's
+#: RemoteOptions (include/safetensors/remote.h), parsed there. ``headers`` is a ``{name: value}`` dict.
+StorageOptions = Mapping[str, Any]
+
+
+def remote_pairs(storage_options: Optional[StorageOptions]) -> List[Tuple[str, str]]:
+    """``storage_options`` as the ``(option, value)`` text pairs the native opens take (RemoteOptions::set, the
+    one parser, checks names and values): booleans as ``true``/``false``, ``headers`` one pair per header."""
+    if storage_options is None:
+        return []
+    if not isinstance(storage_options, Mapping):
+        raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
+    pairs: List[Tuple[str, str]] = []
+    for key, value in storage_options.items():
+        if key == "headers":
+            pairs.extend(("header", f"{name}: {text}") for name, text in dict(value).items())
+        elif isinstance(value, bool):
+            pairs.append((str(key), "true" if value else "false"))
+        else:
+            pairs.append((str(key), str(value)))
+    return pairs
+
+
 @contextlib.contextmanager
 def gc_paused():
     """Pauses the cyclic garbage collector while thousands of tensors are built: their containers are not
@@ -227,15 +250,27 @@ class safe_open(_cpp.SafeOpenBase):
         device: where tensors are delivered (``"cpu"``, ``"cuda:0"``, ``"npu:1"``, an int, a ``torch.device``,
             ``"meta"``...). Non-CPU devices need ``pt`` (or ``paddle``).
         backend: ``"mmap"`` (CPU tensors are zero-copy, copy-on-write views of the file) or ``"pread"``
-            (tensors own their memory, read with positional reads).
+            (tensors own their memory, read with positional reads). A remote file is always read.
+        storage_options: for an ``s3://``, ``https://`` or ``http://`` ``filename``: credentials, endpoint,
+            headers and transfer settings (README, "Remote checkpoints"); the AWS environment variables and
+            files apply without them.
     """
 
     _open: Callable[[], "_Reader"]  # SafeOpenBase's: the _Reader, or SafetensorError "File is closed"
 
-    def __init__(self, filename: PathLike, framework: str, device: Any = "cpu", *, backend: str = "mmap") -> None:
+    def __init__(
+        self,
+        filename: PathLike,
+        framework: str,
+        device: Any = "cpu",
+        *,
+        backend: str = "mmap",
+        storage_options: Optional[StorageOptions] = None,
+    ) -> None:
         adapter = framework_adapter(framework)
         resolved = adapter.resolve_device(device)
-        file = _cpp.File(_fspath(filename), backend)  # which also refuses a backend that is not mmap or pread
+        # The native open also refuses a backend that is not mmap or pread, and a bad storage option.
+        file = _cpp.File(_fspath(filename), backend, remote=remote_pairs(storage_options))
         # What get_slice serves and _open() returns until __exit__: SafeOpenBase (in C) keeps the one record
         # of whether this handle is open, and the one "File is closed" error.
         self._attach(file, _Reader(file, adapter, resolved, backend))
@@ -447,9 +482,15 @@ def serialize_flat_file(flat: Flattened, filename: PathLike, metadata: Optional[
     _cpp.serialize_file(specs, _fspath(filename), _metadata(metadata), fsync)
 
 
-def load_file_as(framework: str, filename: PathLike, device: Any = "cpu", backend: str = "mmap") -> Dict[str, Any]:
+def load_file_as(
+    framework: str,
+    filename: PathLike,
+    device: Any = "cpu",
+    backend: str = "mmap",
+    storage_options: Optional[StorageOptions] = None,
+) -> Dict[str, Any]:
     """Every tensor of ``filename`` for ``framework``: the body of each module's ``load_file``."""
-    with safe_open(filename, framework=framework, device=device, backend=backend) as f:
+    with safe_open(filename, framework=framework, device=device, backend=backend, storage_options=storage_options) as f:
         return f.get_tensors()
 
 

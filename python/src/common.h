@@ -61,6 +61,13 @@ inline void check(Status s, Op op = Op::kOther) {
 // "mmap" or "pread"; anything else raises SafetensorError naming the choices.
 Backend parse_backend(const std::string& name);
 
+// Remote options as (key, value) text pairs, as safetensors._core.remote_pairs() makes them from a
+// storage_options dict; each goes through RemoteOptions::set (the one parser).
+using RemotePairs = std::vector<std::pair<std::string, std::string>>;
+// The options of an open: the backend, the header cap and the remote options. Raises SafetensorError for a
+// bad backend or option.
+OpenOptions open_options(const std::string& backend, std::uint64_t max_header_bytes, const RemotePairs& remote);
+
 // (code, shape, begin, end) -- begin/end relative to the data buffer.
 nanobind::tuple info_tuple(const TensorInfo& t);
 

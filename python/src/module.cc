@@ -193,6 +193,14 @@ Backend parse_backend(const std::string& name) {
                 "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")");
 }
 
+OpenOptions open_options(const std::string& backend, std::uint64_t max_header_bytes, const RemotePairs& remote) {
+  OpenOptions options;
+  options.backend = parse_backend(backend);
+  options.max_header_bytes = max_header_bytes;
+  for (const auto& [key, value] : remote) check(options.remote.set(key, value));
+  return options;
+}
+
 nb::tuple info_tuple(const TensorInfo& t) {
   return nb::make_tuple(nb::str(dtype_code(t.dtype).data(), dtype_code(t.dtype).size()), shape_tuple(t.shape), t.begin,
                         t.end);
@@ -239,13 +247,16 @@ NB_MODULE(_safetensors_cpp, m) {
   nb::class_<File>(m, "File", "An open, validated safetensors file (or in-memory bytes).")
       .def(
           "__init__",
-          [](File* self, const std::string& path, nb::handle backend, std::uint64_t max_header_bytes) {
+          [](File* self, const std::string& path, nb::handle backend, std::uint64_t max_header_bytes,
+             const RemotePairs& remote) {
             // Any object: its str() is named when it is not a backend.
-            OpenOptions options{parse_backend(nb::str(backend).c_str()), max_header_bytes};
+            const OpenOptions options = open_options(nb::str(backend).c_str(), max_header_bytes, remote);
             new (self) File(check(without_gil([&] { return File::open(path, options); }), Op::kOpenFile));
           },
-          "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes,
-          nb::sig("def __init__(self, path: str, backend: str = 'mmap', max_header_bytes: int = 100000000) -> None"))
+          "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes, "remote"_a = RemotePairs(),
+          nb::sig("def __init__(self, path: str, backend: str = 'mmap', max_header_bytes: int = 100000000, "
+                  "remote: list[tuple[str, str]] = []) -> None"),
+          "Opens a local path or an http(s):// or s3:// URL; remote: (option, value) pairs (RemoteOptions).")
       .def_static(
           "from_buffer",
           [](nb::handle data, std::uint64_t max_header_bytes) {
@@ -259,6 +270,21 @@ NB_MODULE(_safetensors_cpp, m) {
           "Validates a bytes-like object in place; the object is kept alive by the File and its views.")
       .def_prop_ro("path", &File::path)
       .def_prop_ro("backend", [](const File& f) { return backend_name(f.backend()); })
+      .def_prop_ro(
+          "source_kind", [](const File& f) { return std::string(f.source()->kind()); },
+          "What the bytes come from: \"mmap\", \"pread\", \"memory\", \"http\" or \"s3\".")
+      .def(
+          "source_stats",
+          [](const File& f) {
+            const SourceStats s = f.source()->stats();
+            nb::dict d;
+            d["requests"] = s.requests;
+            d["bytes_fetched"] = s.bytes_fetched;
+            d["retries"] = s.retries;
+            return d;
+          },
+          nb::sig("def source_stats(self) -> dict[str, int]"),
+          "Requests, body bytes fetched and retries so far (a remote source; zeros elsewhere).")
       .def_prop_ro("data_offset", &File::data_offset)
       .def_prop_ro("header_length", &File::header_length)
       .def_prop_ro("size", &File::size)

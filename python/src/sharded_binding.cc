@@ -61,10 +61,12 @@ void bind_sharded(nb::module_& m) {
                          "tensor. Every index rule lives here (and in ShardedFile.open_index, built on it).")
       .def_static(
           "read",
-          [](const std::string& path, std::uint64_t max_bytes) {
-            return check(without_gil([&] { return ShardIndex::read(path, max_bytes); }));
+          [](const std::string& path, std::uint64_t max_bytes, const RemotePairs& remote) {
+            const OpenOptions options = open_options("pread", max_bytes, remote);
+            return check(without_gil([&] { return ShardIndex::read(path, options); }));
           },
-          "path"_a, "max_bytes"_a = kDefaultMaxHeaderBytes, "Reads and validates the index at path. Releases the GIL.")
+          "path"_a, "max_bytes"_a = kDefaultMaxHeaderBytes, "remote"_a = RemotePairs(),
+          "Reads and validates the index at path (a local path or a URL). Releases the GIL.")
       .def_static(
           "parse", [](const std::string& path, std::string_view text) { return check(ShardIndex::parse(path, text)); },
           "path"_a, "text"_a, "Validates index text; path names it in errors and locates the shards.")
@@ -122,19 +124,21 @@ void bind_sharded(nb::module_& m) {
                           "tensors it assigns to each) or a list of files.")
       .def_static(
           "open_index",
-          [](const std::string& path, const std::string& backend, std::uint64_t max_header_bytes) {
-            OpenOptions options{parse_backend(backend), max_header_bytes};
+          [](const std::string& path, const std::string& backend, std::uint64_t max_header_bytes,
+             const RemotePairs& remote) {
+            const OpenOptions options = open_options(backend, max_header_bytes, remote);
             return check(without_gil([&] { return ShardedFile::open_index(path, options); }));
           },
-          "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes,
+          "path"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes, "remote"_a = RemotePairs(),
           "Opens an index and validates it and every shard it names. Releases the GIL.")
       .def_static(
           "open_files",
-          [](const std::vector<std::string>& paths, const std::string& backend, std::uint64_t max_header_bytes) {
-            OpenOptions options{parse_backend(backend), max_header_bytes};
+          [](const std::vector<std::string>& paths, const std::string& backend, std::uint64_t max_header_bytes,
+             const RemotePairs& remote) {
+            const OpenOptions options = open_options(backend, max_header_bytes, remote);
             return check(without_gil([&] { return ShardedFile::open_files(paths, options); }));
           },
-          "paths"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes,
+          "paths"_a, "backend"_a = "mmap", "max_header_bytes"_a = kDefaultMaxHeaderBytes, "remote"_a = RemotePairs(),
           "Opens every file; a tensor name in two files is an error. Releases the GIL.")
       .def_prop_ro("index_path", &ShardedFile::index_path, "The index path, or '' for open_files().")
       .def_prop_ro(
