@@ -22,7 +22,6 @@
 namespace safetensors {
 namespace {
 
-constexpr unsigned kDefaultThreads = 8;
 constexpr unsigned kMaxThreads = 64;
 
 using internal::Chunk;
@@ -403,7 +402,7 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
   }
 
   const unsigned threads = static_cast<unsigned>(
-      std::min<std::size_t>(options.threads == 0 ? kDefaultThreads : options.threads, impl->chunks.size()));
+      std::min<std::size_t>(options.threads == 0 ? kDefaultReaderThreads : options.threads, impl->chunks.size()));
   impl->max_slabs = options.max_slabs != 0 ? options.max_slabs : std::max<std::size_t>(1, 2 * std::size_t{threads});
   // Set only now: ~Impl detaches from the pool exactly when this attached.
   impl->pool = pool;

@@ -55,6 +55,15 @@ namespace internal {
 struct SlabPoolAccess;
 }
 
+// The engine's tuning defaults are each stated once, here: these two, and SlabPool::kDefaultCapacity and
+// kDefaultSlabBytes. PrefetchOptions and SlabPool default to them, the C API (c.h) and libtorch::LoadOptions
+// use them, and the Python binding exports them (_safetensors_cpp.DEFAULT_*), where safe_open.prefetch, the
+// loading engine (_engine.py) and the binding's own signatures read them.
+// Reader threads per prefetch.
+inline constexpr unsigned kDefaultReaderThreads = 8;
+// The largest single read of a prefetch.
+inline constexpr std::uint64_t kDefaultChunkBytes = std::uint64_t{8} << 20;
+
 // How a piece reaches its consumer (see the top of this file).
 enum class Delivery : std::uint8_t { kStaged, kDirect };
 
@@ -128,6 +137,7 @@ struct SlabPoolStats {
 // Thread safety: safe for concurrent use by multiple threads.
 class SAFETENSORS_EXPORT SlabPool {
  public:
+  // The cap on host staging memory, and the size of each slab (see kDefaultReaderThreads).
   static constexpr std::uint64_t kDefaultCapacity = std::uint64_t{256} << 20;
   static constexpr std::uint64_t kDefaultSlabBytes = std::uint64_t{8} << 20;
   // Slab sizes are whole pages of this size.
@@ -177,10 +187,10 @@ class SAFETENSORS_EXPORT SlabPool {
 using SlabHandle = std::uint64_t;
 
 struct PrefetchOptions {
-  // Reader threads (1..64; 0 = 8). Fewer are started when the plan has fewer chunks.
-  unsigned threads = 8;
+  // Reader threads (1..64; 0 = kDefaultReaderThreads). Fewer are started when the plan has fewer chunks.
+  unsigned threads = kDefaultReaderThreads;
   // The largest single read; staged chunks are also at most the pool's slab size. REQUIRES: > 0.
-  std::uint64_t chunk_bytes = std::uint64_t{8} << 20;
+  std::uint64_t chunk_bytes = kDefaultChunkBytes;
   // Staged pieces at most this many bytes apart are read as one chunk, the gap included. 0: only adjacent
   // pieces are merged, and no byte outside the plan is read.
   std::uint64_t merge_gap = 0;

@@ -8,8 +8,9 @@ when that copy is done. The loop here returns a slab to the pool only once the c
 ``load_model(device=...)``, ``prefetch`` onto accelerators and the distributed loader's reads); paddle's copier
 is in ``safetensors/paddle.py``.
 
-Host staging memory is the pool's capacity (``set_staging_capacity``, default 256 MiB) whatever the model
-size, shared by every concurrent load in the process, and returned once no load is running.
+Host staging memory is the pool's capacity (``set_staging_capacity``; default the binding's
+``DEFAULT_STAGING_BYTES``) whatever the model size, shared by every concurrent load in the process, and
+returned once no load is running.
 
 The pool's allocator is this module's only while nobody else installed one: a load installs it when the pool
 has the default allocator (or this module's), and leaves another caller's allocator in place. Slabs that are
@@ -32,12 +33,12 @@ from typing import Any, Callable, ContextManager, Deque, Dict, List, Optional, P
 from . import _safetensors_cpp as _cpp
 
 #: Reader threads per load (tests lower it to make slab order deterministic).
-READER_THREADS = 8
+READER_THREADS = _cpp.DEFAULT_READER_THREADS
 
 
 def set_staging_capacity(nbytes: int) -> None:
-    """The most host memory the engine's slab pool holds at once (default 256 MiB, or the environment's
-    ``SAFETENSORS_STAGING_BYTES``), for every load of the process together."""
+    """The most host memory the engine's slab pool holds at once (default ``_safetensors_cpp.DEFAULT_STAGING_BYTES``,
+    or the environment's ``SAFETENSORS_STAGING_BYTES``), for every load of the process together."""
     _cpp.slab_pool_set_capacity(int(nbytes))
 
 

@@ -170,6 +170,14 @@ def live_mappings() -> int:
 
 DEFAULT_MAX_HEADER_BYTES: int = 100000000
 
+DEFAULT_READER_THREADS: int = 8
+
+DEFAULT_CHUNK_BYTES: int = 8388608
+
+DEFAULT_STAGING_BYTES: int = 268435456
+
+DEFAULT_SLAB_BYTES: int = 8388608
+
 def tensor_piece(file: File, name: str) -> tuple[int, int]:
     """The data-buffer range [begin, end) of a whole tensor."""
 
@@ -261,11 +269,13 @@ class Prefetcher:
 
 def slab_pool_set_capacity(bytes: int) -> None:
     """
-    The most bytes the process-wide slab pool allocates at once (default 256 MiB).
+    The most bytes the process-wide slab pool allocates at once (default DEFAULT_STAGING_BYTES).
     """
 
 def slab_pool_set_slab_bytes(bytes: int) -> None:
-    """The size of each slab (a multiple of 4096; default 8 MiB)."""
+    """
+    The size of each slab (a multiple of 4096; default DEFAULT_SLAB_BYTES).
+    """
 
 def slab_pool_set_allocator(alloc: Callable[[int], int] | None = None, free: Callable[[int, int], None] | None = None) -> None:
     """

@@ -150,6 +150,16 @@ using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optio
 }  // namespace
 
 void bind_engine(nb::module_& m) {
+  // The engine's tuning defaults (engine.h states each once), for the Python side and the signatures below.
+  m.attr("DEFAULT_READER_THREADS") = kDefaultReaderThreads;
+  m.attr("DEFAULT_CHUNK_BYTES") = kDefaultChunkBytes;
+  m.attr("DEFAULT_STAGING_BYTES") = SlabPool::kDefaultCapacity;
+  m.attr("DEFAULT_SLAB_BYTES") = SlabPool::kDefaultSlabBytes;
+  const std::string prefetcher_init =
+      "def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = " +
+      std::to_string(kDefaultReaderThreads) + ", chunk_bytes: int = " + std::to_string(kDefaultChunkBytes) +
+      ", merge_gap: int = 0, max_slabs: int = 0) -> None";
+
   m.def(
       "tensor_piece",
       [](const File& f, std::string_view name) {
@@ -218,10 +228,8 @@ void bind_engine(nb::module_& m) {
                 without_gil([&] { return Prefetcher::start(f, std::move(pieces), o); });
             new (self) PyPrefetcher(std::shared_ptr<Prefetcher>(check(std::move(started))));
           },
-          "file"_a, "plan"_a, "threads"_a = 8, "chunk_bytes"_a = std::uint64_t{8} << 20, "merge_gap"_a = 0,
-          "max_slabs"_a = 0,
-          nb::sig("def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = 8, "
-                  "chunk_bytes: int = 8388608, merge_gap: int = 0, max_slabs: int = 0) -> None"))
+          "file"_a, "plan"_a, "threads"_a = kDefaultReaderThreads, "chunk_bytes"_a = kDefaultChunkBytes,
+          "merge_gap"_a = 0, "max_slabs"_a = 0, nb::sig(prefetcher_init.c_str()))
       .def(
           "next",
           [](const PyPrefetcher& self, std::optional<double> timeout) {
@@ -285,10 +293,10 @@ void bind_engine(nb::module_& m) {
 
   m.def(
       "slab_pool_set_capacity", [](std::uint64_t bytes) { check(SlabPool::global().set_capacity(bytes)); }, "bytes"_a,
-      "The most bytes the process-wide slab pool allocates at once (default 256 MiB).");
+      "The most bytes the process-wide slab pool allocates at once (default DEFAULT_STAGING_BYTES).");
   m.def(
       "slab_pool_set_slab_bytes", [](std::uint64_t bytes) { check(SlabPool::global().set_slab_bytes(bytes)); },
-      "bytes"_a, "The size of each slab (a multiple of 4096; default 8 MiB).");
+      "bytes"_a, "The size of each slab (a multiple of 4096; default DEFAULT_SLAB_BYTES).");
   m.def(
       "slab_pool_set_allocator",
       [](std::optional<nb::object> alloc, std::optional<nb::object> free) {
