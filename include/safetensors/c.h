@@ -451,8 +451,8 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_row_piece(const safetensors_fi
 
 /* Options of safetensors_prefetch_start; 0 in a field means its default. Part of the ABI (convention 1). */
 typedef struct safetensors_prefetch_options_t {
-  unsigned threads;     /* reader threads, at most 64 (default 8) */
-  uint64_t chunk_bytes; /* largest read (default 8 MiB; staged chunks are also at most the slab size) */
+  unsigned threads;     /* reader threads, at most 64 (default: engine.h's kDefaultReaderThreads) */
+  uint64_t chunk_bytes; /* largest read (default kDefaultChunkBytes; staged chunks are also at most the slab size) */
   uint64_t merge_gap;   /* staged pieces this close are read together, the gap included (default 0) */
   size_t max_slabs;     /* slabs this prefetcher holds at once (default 2 * threads) */
 } safetensors_prefetch_options_t;

@@ -24,9 +24,13 @@
 // (staged: at most the pool's slab size). Reads are positional (Source::pread_into) on either backend, so a
 // file that shrank gives kIo, never SIGBUS.
 //
+// A consumer whose copies out of a slab complete later than they are issued (non-blocking device copies) feeds
+// each copy's completion to a CopyQueue, which releases the slab once that copy completed: the one
+// implementation of "a slab goes back only after the copies out of it completed".
+//
 // Thread safety: a SlabPool is safe for concurrent use by multiple threads. A Prefetcher's methods are safe to
 // call from multiple threads; next() is meant for one consumer thread, and cancel() may come from any thread
-// at any time, also while others block in next() or wait_piece().
+// at any time, also while others block in next() or wait_piece(). A CopyQueue needs external synchronization.
 //
 // Ownership and lifetimes: a Prefetcher holds its own copy of the File (the file stays open while it runs)
 // and of the plan's tensor names. Direct destinations are the caller's: they must stay valid until the piece
@@ -39,6 +43,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -54,6 +59,15 @@ namespace safetensors {
 namespace internal {
 struct SlabPoolAccess;
 }
+
+// The engine's tuning defaults are each stated once, here: these two, and SlabPool::kDefaultCapacity and
+// kDefaultSlabBytes. PrefetchOptions and SlabPool default to them, the C API (c.h) and libtorch::LoadOptions
+// use them, and the Python binding exports them (_safetensors_cpp.DEFAULT_*), where safe_open.prefetch, the
+// loading engine (_engine.py) and the binding's own signatures read them.
+// Reader threads per prefetch.
+inline constexpr unsigned kDefaultReaderThreads = 8;
+// The largest single read of a prefetch.
+inline constexpr std::uint64_t kDefaultChunkBytes = std::uint64_t{8} << 20;
 
 // How a piece reaches its consumer (see the top of this file).
 enum class Delivery : std::uint8_t { kStaged, kDirect };
@@ -128,6 +142,7 @@ struct SlabPoolStats {
 // Thread safety: safe for concurrent use by multiple threads.
 class SAFETENSORS_EXPORT SlabPool {
  public:
+  // The cap on host staging memory, and the size of each slab (see kDefaultReaderThreads).
   static constexpr std::uint64_t kDefaultCapacity = std::uint64_t{256} << 20;
   static constexpr std::uint64_t kDefaultSlabBytes = std::uint64_t{8} << 20;
   // Slab sizes are whole pages of this size.
@@ -177,10 +192,10 @@ class SAFETENSORS_EXPORT SlabPool {
 using SlabHandle = std::uint64_t;
 
 struct PrefetchOptions {
-  // Reader threads (1..64; 0 = 8). Fewer are started when the plan has fewer chunks.
-  unsigned threads = 8;
+  // Reader threads (1..64; 0 = kDefaultReaderThreads). Fewer are started when the plan has fewer chunks.
+  unsigned threads = kDefaultReaderThreads;
   // The largest single read; staged chunks are also at most the pool's slab size. REQUIRES: > 0.
-  std::uint64_t chunk_bytes = std::uint64_t{8} << 20;
+  std::uint64_t chunk_bytes = kDefaultChunkBytes;
   // Staged pieces at most this many bytes apart are read as one chunk, the gap included. 0: only adjacent
   // pieces are merged, and no byte outside the plan is read.
   std::uint64_t merge_gap = 0;
@@ -294,6 +309,71 @@ class SAFETENSORS_EXPORT Prefetcher {
   struct Impl;
   explicit Prefetcher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// The consumer's half of the slab rule: a staged slab goes back to the Prefetcher only after every copy out of
+// it completed. The consumer issues a copy out of each staged event and add()s that copy's Completion; the
+// queue releases the event's slab once that copy and every copy added before it completed (copies on one
+// stream complete in the order they were issued), and reports the pieces whose last copy completed.
+//
+//   safetensors::CopyQueue copies(*prefetcher);    // declared after the Prefetcher: destroyed first
+//   std::vector<std::size_t> landed;                 // pieces whose bytes are all on the device
+//   for (;;) {
+//     auto ev = copies.next(&landed);               // retires completed copies while it waits
+//     if (!ev.ok()) return ev.error();              // ~CopyQueue waits for the copies in flight
+//     if (ev->kind == PrefetchEvent::Kind::kEnd) break;
+//     if (ev->kind == PrefetchEvent::Kind::kTimeout) continue;
+//     copy_async(...);
+//     copies.add(ev->slab, {[=] { return event.query(); }, [=] { event.synchronize(); }}, ev->piece);
+//   }
+//   auto st = copies.finish(&landed);
+//
+// Thread safety: external synchronization (one consumer thread); completions run on that thread.
+// Ownership: the Prefetcher must outlive the queue. The destructor waits for every pending copy (ignoring
+// their errors) and releases its slab, so that no slab is reused while a device may still read it, also on
+// the way out of an error.
+class SAFETENSORS_EXPORT CopyQueue {
+ public:
+  // How the consumer learns that a copy completed: done() polls, wait() blocks until it did (a device event's
+  // query and synchronize). Both empty: the copy completed already (a blocking copy, or none). Either may
+  // throw; the exception propagates out of retire(), next() or finish() and the copy stays pending.
+  struct Completion {
+    std::function<bool()> done;
+    std::function<void()> wait;
+  };
+  // add()'s piece for a copy that does not complete a piece.
+  static constexpr std::size_t kNoPiece = static_cast<std::size_t>(-1);
+  // How long next() waits for the readers while copies are pending, before it waits for the oldest copy.
+  static constexpr std::chrono::milliseconds kPoll{20};
+
+  explicit CopyQueue(Prefetcher& prefetcher) : prefetcher_(prefetcher) {}
+  ~CopyQueue();
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+
+  // Records a copy out of `slab` (a staged event's; 0: none) issued after every copy added before. `piece`:
+  // the piece this copy completes (a staged event with piece_done), else kNoPiece.
+  void add(SlabHandle slab, Completion completion, std::size_t piece = kNoPiece);
+  // Releases the slabs of the copies that completed, oldest first, stopping at the first that has not; with
+  // `wait`, waits for the oldest copy first. Appends the pieces those copies completed to *landed.
+  // Errors: those of Prefetcher::release().
+  Status retire(bool wait, std::vector<std::size_t>* landed);
+  // Retires the copies that completed, then waits for the Prefetcher's next event. While copies are pending
+  // it waits at most kPoll; then it waits for the oldest copy (once every slab is lent to a copy, the readers
+  // wait for one) and returns a kTimeout event. Errors: the Prefetcher's, and those of retire().
+  Result<PrefetchEvent> next(std::vector<std::size_t>* landed);
+  // Waits for every pending copy, retiring each.
+  Status finish(std::vector<std::size_t>* landed);
+  bool empty() const { return pending_.empty(); }
+
+ private:
+  struct Pending {
+    SlabHandle slab;
+    Completion completion;
+    std::size_t piece;
+  };
+  Prefetcher& prefetcher_;
+  std::deque<Pending> pending_;
 };
 
 }  // namespace safetensors

@@ -46,11 +46,9 @@
 #include <torch/types.h>
 
 #include <array>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -113,8 +111,8 @@ inline std::optional<Dtype> from_torch_dtype(torch::ScalarType type) {
 
 // How load() moves the bytes of tensors it copies (see "Loading" at the top of this file).
 struct LoadOptions {
-  // Engine reader threads per file (1..64; 0 = 8).
-  unsigned threads = 8;
+  // Engine reader threads per file (1..64; 0 = kDefaultReaderThreads).
+  unsigned threads = kDefaultReaderThreads;
   // The pool that stages device loads (and stage_cpu loads); its capacity bounds their host memory, for all
   // concurrent loads using it together. nullptr: for a device, the adapter's pool for its device type --
   // page-locked where this torch has a pinned host allocator for the type and `pinned` is set -- else
@@ -286,62 +284,10 @@ inline bool is_page_locked(const void* p, c10::DeviceType type) {
   }
 }
 
-// Device copies issued out of slabs and not known to be complete, oldest first, each with the event recorded
-// after it on the copying stream. A slab goes back to the Prefetcher only once its copy's event completed; the
-// destructor waits for every pending copy, so that no slab is recycled (nor the Prefetcher, declared before
-// this, destroyed) while the device may still read it -- also on the way out of an error.
-class InFlight {
- public:
-  explicit InFlight(Prefetcher& prefetcher) : prefetcher_(prefetcher) {}
-  ~InFlight() {
-    while (!pending_.empty()) {
-      try {
-        pending_.front().first.synchronize();
-      } catch (const std::exception&) {  // a failed device: nothing runs on it any more
-      }
-      (void)prefetcher_.release(pending_.front().second);  // lent by construction; reported where it matters
-      pending_.pop_front();
-    }
-  }
-  InFlight(const InFlight&) = delete;
-  InFlight& operator=(const InFlight&) = delete;
-
-  bool empty() const { return pending_.empty(); }
-  void add(c10::Event done, SlabHandle slab) { pending_.emplace_back(std::move(done), slab); }
-
-  // Returns the slabs of the copies that completed, in order; with `wait`, waits for the oldest one first.
-  // Throws what the device's event throws.
-  Status retire(bool wait) {
-    while (!pending_.empty()) {
-      c10::Event& done = pending_.front().first;
-      if (wait) {
-        done.synchronize();
-        wait = false;
-      } else if (!done.query()) {
-        break;
-      }
-      const SlabHandle slab = pending_.front().second;
-      pending_.pop_front();
-      SAFETENSORS_RETURN_IF_ERROR(prefetcher_.release(slab));
-    }
-    return ok_status();
-  }
-
-  // Waits for every pending copy.
-  Status finish() {
-    while (!pending_.empty()) SAFETENSORS_RETURN_IF_ERROR(retire(true));
-    return ok_status();
-  }
-
- private:
-  Prefetcher& prefetcher_;
-  std::deque<std::pair<c10::Event, SlabHandle>> pending_;
-};
-
 // Streams `tensors` (each one of `file`'s) through the engine into new tensors on `device`, stored in *out:
 // reader threads fill staging slabs, each landed chunk is copied into the tensor's bytes on the device
 // (non-blocking from page-locked slabs, with an event; synchronous otherwise; a memcpy on the CPU), and its
-// slab returns to the pool once that copy completed. Returns once every copy completed.
+// slab returns to the pool once that copy completed (CopyQueue). Returns once every copy completed.
 inline Status stage_into(const File& file, const std::vector<const TensorInfo*>& tensors, const torch::Device& device,
                          const LoadOptions& options, TensorMap* out) {
   // Destination bytes: one flat byte tensor per tensor, which the returned tensor views with its dtype and sizes.
@@ -377,19 +323,15 @@ inline Status stage_into(const File& file, const std::vector<const TensorInfo*>&
     stream = c10::impl::getDeviceGuardImpl(on.type())->getStream(on);
   }
   std::unordered_map<const std::byte*, bool> page_locked;  // per slab allocation
-  InFlight in_flight(*prefetcher);
+  // Every slab goes back through `copies` (CopyQueue, engine.h): only once the copy out of it completed.
+  // Declared after the Prefetcher, so it waits for the copies in flight first, also on the way out of an error.
+  CopyQueue copies(*prefetcher);
+  std::vector<std::size_t> landed;  // unused: every tensor is complete when this returns
   for (;;) {
-    SAFETENSORS_RETURN_IF_ERROR(in_flight.retire(false));
-    // With copies pending, wait for the readers only briefly: once every slab is lent to a copy they wait for
-    // one, and the oldest copy must be waited for to free it.
-    Result<PrefetchEvent> ev =
-        in_flight.empty() ? prefetcher->next() : prefetcher->next_for(std::chrono::milliseconds(20));
-    if (!ev.ok()) return std::move(ev).error();  // names the file and the tensor; in_flight waits first
+    Result<PrefetchEvent> ev = copies.next(&landed);
+    if (!ev.ok()) return std::move(ev).error();  // names the file and the tensor
     if (ev->kind == PrefetchEvent::Kind::kEnd) break;
-    if (ev->kind == PrefetchEvent::Kind::kTimeout) {
-      SAFETENSORS_RETURN_IF_ERROR(in_flight.retire(true));
-      continue;
-    }
+    if (ev->kind == PrefetchEvent::Kind::kTimeout) continue;
     if (ev->bytes.empty()) continue;  // a zero-size tensor: no slab
     const TensorInfo& t = *tensors[ev->piece];
     // A chunk lies in one piece; offset + size <= the piece's size, an int64 like nbytes above.
@@ -397,7 +339,7 @@ inline Status stage_into(const File& file, const std::vector<const TensorInfo*>&
     const auto size = static_cast<std::int64_t>(ev->bytes.size());
     if (to_cpu) {
       std::memcpy(static_cast<std::byte*>(dst[ev->piece].data_ptr()) + offset, ev->bytes.data(), ev->bytes.size());
-      SAFETENSORS_RETURN_IF_ERROR(prefetcher->release(ev->slab));
+      copies.add(ev->slab, {});  // complete already
       continue;
     }
     auto known = page_locked.find(ev->slab_data);
@@ -411,20 +353,18 @@ inline Status stage_into(const File& file, const std::vector<const TensorInfo*>&
                                                  torch::TensorOptions().dtype(torch::kUInt8));
       dst[ev->piece].narrow(0, offset, size).copy_(src, non_blocking);
       if (!non_blocking) {
-        // A blocking copy has read all of its source when copy_ returns.
-        SAFETENSORS_RETURN_IF_ERROR(prefetcher->release(ev->slab));
+        copies.add(ev->slab, {});  // a blocking copy has read all of its source when copy_ returns
         continue;
       }
-      c10::Event done(on.type());
-      done.record(*stream);
-      in_flight.add(std::move(done), ev->slab);
+      auto done = std::make_shared<c10::Event>(on.type());
+      done->record(*stream);
+      copies.add(ev->slab, {[done] { return done->query(); }, [done] { done->synchronize(); }});
     } catch (const c10::Error& e) {
-      // The slab of a copy that failed to start is not read by the device.
-      (void)prefetcher->release(ev->slab);
+      copies.add(ev->slab, {});  // the device does not read the slab of a copy that failed to start
       return move_error(file.path(), t.name, on, e);
     }
   }
-  return in_flight.finish();
+  return copies.finish(&landed);
 }
 
 inline const File& shard_for(const File& file, const TensorInfo&) { return file; }

@@ -310,7 +310,7 @@ class safe_open(_cpp.SafeOpenBase):
         return TensorMeta(code, list(shape), (begin, end))
 
     def prefetch(self, plan: Optional[Dict[str, Optional[slice]]] = None, *, device: Any = None,
-                 threads: int = 8) -> "PrefetchLoader":
+                 threads: int = _cpp.DEFAULT_READER_THREADS) -> "PrefetchLoader":
         """Starts loading tensors in the background and returns at once.
 
         Args:

@@ -3,13 +3,15 @@
 The engine reads a plan of data-buffer ranges with a pool of reader threads (positional reads) into slabs of
 one process-wide, bounded slab pool. What needs a framework comes from a ``DeviceCopier``: host memory for the
 slabs (page-locked where the framework has it), the copy out of a slab to the device, and an event that says
-when that copy is done. The loop here returns a slab to the pool only once the copies out of it completed.
+when that copy is done. The loop here feeds the engine's ``CopyQueue``, which returns a slab to the pool only
+once the copies out of it completed.
 ``TorchCopier`` serves every device torch knows (``load_file(device=...)``, ``get_tensors()``,
 ``load_model(device=...)``, ``prefetch`` onto accelerators and the distributed loader's reads); paddle's copier
 is in ``safetensors/paddle.py``.
 
-Host staging memory is the pool's capacity (``set_staging_capacity``, default 256 MiB) whatever the model
-size, shared by every concurrent load in the process, and returned once no load is running.
+Host staging memory is the pool's capacity (``set_staging_capacity``; default the binding's
+``DEFAULT_STAGING_BYTES``) whatever the model size, shared by every concurrent load in the process, and
+returned once no load is running.
 
 The pool's allocator is this module's only while nobody else installed one: a load installs it when the pool
 has the default allocator (or this module's), and leaves another caller's allocator in place. Slabs that are
@@ -20,24 +22,23 @@ so at debug level.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import logging
 import os
 import threading
 from functools import partial
-from typing import Any, Callable, ContextManager, Deque, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import _safetensors_cpp as _cpp
 
 #: Reader threads per load (tests lower it to make slab order deterministic).
-READER_THREADS = 8
+READER_THREADS = _cpp.DEFAULT_READER_THREADS
 
 
 def set_staging_capacity(nbytes: int) -> None:
-    """The most host memory the engine's slab pool holds at once (default 256 MiB, or the environment's
-    ``SAFETENSORS_STAGING_BYTES``), for every load of the process together."""
+    """The most host memory the engine's slab pool holds at once (default ``_safetensors_cpp.DEFAULT_STAGING_BYTES``,
+    or the environment's ``SAFETENSORS_STAGING_BYTES``), for every load of the process together."""
     _cpp.slab_pool_set_capacity(int(nbytes))
 
 
@@ -153,35 +154,21 @@ def stream_to_device(
     foreign = 0  # copies out of slabs that are not copier's framework's memory
     plan = [(names[i] if names else "", begin, end, None) for i, (_, begin, end) in enumerate(jobs)]
     prefetcher = _cpp.Prefetcher(file, plan, threads=threads or READER_THREADS)
-    # Copies issued and not known to be complete, in issue order (a stream runs them in that order):
-    # (event or None when already complete, slab handle, the job they complete or -1).
-    pending: Deque[Tuple[Any, int, int]] = collections.deque()
-
-    def retire(wait: bool) -> None:
-        while pending and (wait or pending[0][0] is None or _done(pending[0][0])):
-            event, slab, piece = pending[0]
-            if wait and event is not None:
-                _await(event)
-            pending.popleft()
-            prefetcher.release(slab)
-            if piece >= 0 and on_piece is not None:
-                on_piece(piece)
-            wait = False  # one forced wait; later copies are polled again
-
+    # The engine's CopyQueue returns each slab to the pool once the copy out of it completed (its event, which
+    # _done polls and _await waits for), and reports the jobs whose last copy completed.
+    copies = _cpp.CopyQueue(prefetcher, _done, _await)
     try:
         with copier.context():
             while stop is None or not stop.is_set():
-                retire(False)
-                # With copies in flight, wait for the engine only briefly: if every slab is lent to a copy, the
-                # readers wait for one, and the oldest copy must be waited for to free it.
-                event = prefetcher.next(timeout=0.05 if pending else None)
+                event, landed = copies.next()
+                _report(landed, on_piece)
                 if event.kind == "end":
                     break
                 if event.kind == "timeout":
-                    retire(True)
                     continue
+                piece = event.piece if event.piece_done else -1
                 if not event.size:  # a zero-size piece: nothing to copy
-                    pending.append((None, event.slab, event.piece if event.piece_done else -1))
+                    copies.add(None, event.slab, piece)
                     continue
                 # By address: a slab is ours exactly while it is one of our live slabs (_free drops it).
                 slab = _slabs.get(event.slab_address)
@@ -190,26 +177,21 @@ def stream_to_device(
                     foreign += 1
                 copier.copy(jobs[event.piece][0], event.offset, event.size, event.address,
                             (slab[1], event.address - event.slab_address) if own else None)
-                pending.append((copier.record(), event.slab, event.piece if event.piece_done else -1))
+                copies.add(copier.record(), event.slab, piece)
             if stop is not None and stop.is_set():
                 prefetcher.cancel()
-    except BaseException:
-        # Slabs go back to the pool only once the device stopped reading them, also on the way out of an error.
-        try:
-            while pending:
-                done, slab_handle, _ = pending.popleft()
-                if done is not None:
-                    _await(done)
-                prefetcher.release(slab_handle)
-        except BaseException:
-            pass
+        _report(copies.finish(), on_piece)
+    finally:
+        copies.close()  # on the way out of an error: waits for the copies in flight before their slabs go back
         prefetcher.close()
-        raise
-    while pending:
-        retire(True)
-    prefetcher.close()
     if foreign:
         _count_fallback("foreign_slab_copies", foreign)
+
+
+def _report(landed: List[int], on_piece: Optional[Callable[[int], None]]) -> None:
+    if on_piece is not None:
+        for piece in landed:
+            on_piece(piece)
 
 
 def _count_fallback(kind: str, count: int = 1) -> None:

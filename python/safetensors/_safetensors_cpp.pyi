@@ -2,6 +2,7 @@
 
 from collections.abc import Callable, Sequence
 import types
+from typing import Any
 
 from safetensors import (
     SafetensorError as SafetensorError,
@@ -170,6 +171,14 @@ def live_mappings() -> int:
 
 DEFAULT_MAX_HEADER_BYTES: int = 100000000
 
+DEFAULT_READER_THREADS: int = 8
+
+DEFAULT_CHUNK_BYTES: int = 8388608
+
+DEFAULT_STAGING_BYTES: int = 268435456
+
+DEFAULT_SLAB_BYTES: int = 8388608
+
 def tensor_piece(file: File, name: str) -> tuple[int, int]:
     """The data-buffer range [begin, end) of a whole tensor."""
 
@@ -259,13 +268,43 @@ class Prefetcher:
         Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...
         """
 
+class CopyQueue:
+    """
+    The engine's slab rule for copies that complete later than they are issued: each staged event's slab goes back to the Prefetcher once the copy out of it completed.
+    """
+
+    def __init__(self, prefetcher: Prefetcher, done: Callable[[Any], bool], wait: Callable[[Any], None]) -> None:
+        """
+        done(event) polls a copy's event, wait(event) waits for it; both run on the thread calling next() or finish().
+        """
+
+    def add(self, event: Any | None, slab: int, piece: int = -1) -> None:
+        """
+        Records a copy out of `slab` issued after every earlier one; event None: complete already. `piece`: the piece it completes (the event's piece where piece_done), else -1.
+        """
+
+    def next(self) -> tuple[PrefetchEvent, list[int]]:
+        """
+        Retires completed copies, then waits (the GIL released) for the next event: (event, pieces whose last copy completed). With copies pending it waits briefly, then for the oldest copy ('timeout').
+        """
+
+    def finish(self) -> list[int]:
+        """Waits for every pending copy: the pieces they completed."""
+
+    def close(self) -> None:
+        """
+        Waits for every pending copy (errors ignored) and releases its slab. Then every method but close() raises.
+        """
+
 def slab_pool_set_capacity(bytes: int) -> None:
     """
-    The most bytes the process-wide slab pool allocates at once (default 256 MiB).
+    The most bytes the process-wide slab pool allocates at once (default DEFAULT_STAGING_BYTES).
     """
 
 def slab_pool_set_slab_bytes(bytes: int) -> None:
-    """The size of each slab (a multiple of 4096; default 8 MiB)."""
+    """
+    The size of each slab (a multiple of 4096; default DEFAULT_SLAB_BYTES).
+    """
 
 def slab_pool_set_allocator(alloc: Callable[[int], int] | None = None, free: Callable[[int, int], None] | None = None) -> None:
     """

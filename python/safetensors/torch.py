@@ -81,7 +81,7 @@ def _torch_dtype(code: str) -> torch.dtype:
 
 def set_staging_capacity(nbytes: int) -> None:
     """The most page-locked host memory accelerator loads stage through at once, for the whole process
-    (default 256 MiB; also ``SAFETENSORS_STAGING_BYTES``). Returned to the system when no load runs."""
+    (default ``_safetensors_cpp.DEFAULT_STAGING_BYTES``; also ``SAFETENSORS_STAGING_BYTES``). Returned to the system when no load runs."""
     from . import _engine
 
     _engine.set_staging_capacity(nbytes)

@@ -79,6 +79,84 @@ class PyPrefetcher {
   std::shared_ptr<Prefetcher> p_;
 };
 
+// A CopyQueue (engine.h) over a Python Prefetcher, whose completions are Python calls: add(event, ...) records
+// a copy that done(event) polls and wait(event) waits for (event None: complete already). The queue runs with
+// the GIL released and takes it for each call; what it holds of Python is dropped with the GIL held.
+class PyCopyQueue {
+ public:
+  PyCopyQueue(std::shared_ptr<Prefetcher> prefetcher, nb::object done, nb::object wait)
+      : prefetcher_(std::move(prefetcher)),
+        queue_(std::in_place, *prefetcher_),
+        calls_(new Calls{std::move(done), std::move(wait)}) {}
+  ~PyCopyQueue() { close(); }
+  PyCopyQueue(const PyCopyQueue&) = delete;
+  PyCopyQueue& operator=(const PyCopyQueue&) = delete;
+
+  // REQUIRES: the GIL is held.
+  void add(nb::object event, SlabHandle slab, std::int64_t piece) {
+    CopyQueue::Completion completion;
+    if (!event.is_none()) {
+      auto held = std::shared_ptr<Event>(new Event{std::move(event), calls_});
+      completion.done = [held] {
+        nb::gil_scoped_acquire gil;
+        return nb::cast<bool>(held->calls->done(held->event));
+      };
+      completion.wait = [held] {
+        nb::gil_scoped_acquire gil;
+        held->calls->wait(held->event);
+      };
+    }
+    queue().add(slab, std::move(completion), piece < 0 ? CopyQueue::kNoPiece : static_cast<std::size_t>(piece));
+  }
+
+  std::pair<PrefetchEvent, std::vector<std::size_t>> next() {
+    std::vector<std::size_t> landed;
+    PrefetchEvent ev = check(without_gil([&] { return queue().next(&landed); }));
+    return {ev, std::move(landed)};
+  }
+
+  std::vector<std::size_t> finish() {
+    std::vector<std::size_t> landed;
+    check(without_gil([&] { return queue().finish(&landed); }));
+    return landed;
+  }
+
+  // Waits for every pending copy (errors ignored) and releases its slab; then every method but close() raises.
+  void close() {
+    if (!queue_) return;
+    without_gil([&] { queue_.reset(); });
+    drop(prefetcher_);
+  }
+
+ private:
+  // The Python callables, released with the GIL whichever thread drops the last reference.
+  struct Calls {
+    nb::object done, wait;
+    ~Calls() {
+      nb::gil_scoped_acquire gil;
+      done.reset();
+      wait.reset();
+    }
+  };
+  struct Event {
+    nb::object event;
+    std::shared_ptr<Calls> calls;
+    ~Event() {
+      nb::gil_scoped_acquire gil;
+      event.reset();
+    }
+  };
+
+  CopyQueue& queue() {
+    if (!queue_) check(Status(Error::invalid_argument("", "copy queue closed")));
+    return *queue_;
+  }
+
+  std::shared_ptr<Prefetcher> prefetcher_;  // outlives queue_ (declared first, reset after it)
+  std::optional<CopyQueue> queue_;
+  std::shared_ptr<Calls> calls_;
+};
+
 const char* kind_name(PrefetchEvent::Kind k) {
   switch (k) {
     case PrefetchEvent::Kind::kStaged: return "staged";
@@ -150,6 +228,16 @@ using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optio
 }  // namespace
 
 void bind_engine(nb::module_& m) {
+  // The engine's tuning defaults (engine.h states each once), for the Python side and the signatures below.
+  m.attr("DEFAULT_READER_THREADS") = kDefaultReaderThreads;
+  m.attr("DEFAULT_CHUNK_BYTES") = kDefaultChunkBytes;
+  m.attr("DEFAULT_STAGING_BYTES") = SlabPool::kDefaultCapacity;
+  m.attr("DEFAULT_SLAB_BYTES") = SlabPool::kDefaultSlabBytes;
+  const std::string prefetcher_init =
+      "def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = " +
+      std::to_string(kDefaultReaderThreads) + ", chunk_bytes: int = " + std::to_string(kDefaultChunkBytes) +
+      ", merge_gap: int = 0, max_slabs: int = 0) -> None";
+
   m.def(
       "tensor_piece",
       [](const File& f, std::string_view name) {
@@ -218,10 +306,8 @@ void bind_engine(nb::module_& m) {
                 without_gil([&] { return Prefetcher::start(f, std::move(pieces), o); });
             new (self) PyPrefetcher(std::shared_ptr<Prefetcher>(check(std::move(started))));
           },
-          "file"_a, "plan"_a, "threads"_a = 8, "chunk_bytes"_a = std::uint64_t{8} << 20, "merge_gap"_a = 0,
-          "max_slabs"_a = 0,
-          nb::sig("def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = 8, "
-                  "chunk_bytes: int = 8388608, merge_gap: int = 0, max_slabs: int = 0) -> None"))
+          "file"_a, "plan"_a, "threads"_a = kDefaultReaderThreads, "chunk_bytes"_a = kDefaultChunkBytes,
+          "merge_gap"_a = 0, "max_slabs"_a = 0, nb::sig(prefetcher_init.c_str()))
       .def(
           "next",
           [](const PyPrefetcher& self, std::optional<double> timeout) {
@@ -283,12 +369,37 @@ void bind_engine(nb::module_& m) {
           nb::sig("def stats(self) -> dict[str, int]"),
           "Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...");
 
+  nb::class_<PyCopyQueue>(m, "CopyQueue",
+                          "The engine's slab rule for copies that complete later than they are issued: each "
+                          "staged event's slab goes back to the Prefetcher once the copy out of it completed.")
+      .def(
+          "__init__",
+          [](PyCopyQueue* self, const PyPrefetcher& prefetcher, nb::object done, nb::object wait) {
+            new (self) PyCopyQueue(prefetcher.ref(), std::move(done), std::move(wait));
+          },
+          "prefetcher"_a, "done"_a, "wait"_a,
+          nb::sig("def __init__(self, prefetcher: Prefetcher, done: collections.abc.Callable[[typing.Any], bool], "
+                  "wait: collections.abc.Callable[[typing.Any], None]) -> None"),
+          "done(event) polls a copy's event, wait(event) waits for it; both run on the thread calling next() or "
+          "finish().")
+      .def("add", &PyCopyQueue::add, "event"_a.none(), "slab"_a, "piece"_a = -1,
+           nb::sig("def add(self, event: typing.Any | None, slab: int, piece: int = -1) -> None"),
+           "Records a copy out of `slab` issued after every earlier one; event None: complete already. `piece`: "
+           "the piece it completes (the event's piece where piece_done), else -1.")
+      .def("next", &PyCopyQueue::next,
+           "Retires completed copies, then waits (the GIL released) for the next event: (event, pieces whose "
+           "last copy completed). With copies pending it waits briefly, then for the oldest copy ('timeout').")
+      .def("finish", &PyCopyQueue::finish, "Waits for every pending copy: the pieces they completed.")
+      .def("close", &PyCopyQueue::close,
+           "Waits for every pending copy (errors ignored) and releases its slab. Then every method but close() "
+           "raises.");
+
   m.def(
       "slab_pool_set_capacity", [](std::uint64_t bytes) { check(SlabPool::global().set_capacity(bytes)); }, "bytes"_a,
-      "The most bytes the process-wide slab pool allocates at once (default 256 MiB).");
+      "The most bytes the process-wide slab pool allocates at once (default DEFAULT_STAGING_BYTES).");
   m.def(
       "slab_pool_set_slab_bytes", [](std::uint64_t bytes) { check(SlabPool::global().set_slab_bytes(bytes)); },
-      "bytes"_a, "The size of each slab (a multiple of 4096; default 8 MiB).");
+      "bytes"_a, "The size of each slab (a multiple of 4096; default DEFAULT_SLAB_BYTES).");
   m.def(
       "slab_pool_set_allocator",
       [](std::optional<nb::object> alloc, std::optional<nb::object> free) {
