@@ -1,7 +1,9 @@
 """Test servers for the remote source (HTTP range requests, S3). Everything listens on 127.0.0.1 only, is started
 and stopped by the tests, and uses the standard library only (pytest for the fixtures).
 
-* s3sign.py -- start here: a minimal AWS SigV4 signer (the fixtures' own uploads; checked against AWS's examples).
+* range_server.py -- start here: RangeServer, an HTTP/1.1 object server with ranges, ETags, preconditions,
+  bearer tokens, redirects and a request log (RequestRecord).
+* s3sign.py -- a minimal AWS SigV4 signer (the fixtures' own uploads; checked against AWS's examples).
 * test_fixtures.py -- the fixtures' own tests (no safetensors needed).
 
 Clients in tests must bypass any HTTP proxy from the environment (urllib: ProxyHandler({}); curl: --noproxy '*'),

@@ -4,10 +4,44 @@ safetensors package."""
 from __future__ import annotations
 
 import hashlib
+import http.client
+import socket
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
+from .range_server import RangeServer, overlaps, parse_range
 from .s3sign import sign_headers
+
+DATA = bytes(range(256)) * 4096  # 1 MiB, every byte's value is its offset mod 256
+# urllib without any proxy from the environment: nothing may leave loopback.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def fetch(url: str, headers: Optional[dict[str, str]] = None, timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of a GET through urllib (redirects followed), HTTP errors included."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with OPENER.open(request, timeout=timeout) as response:
+            return response.status, dict(response.headers.items()), response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, dict(error.headers.items()), error.read()
+
+
+def get(port: int, path: str, headers: Optional[dict[str, str]] = None, method: str = "GET", timeout: float = 30.0):
+    """One request on a fresh http.client connection; returns the response with its body read."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request(method, path, headers=headers or {})
+    response = conn.getresponse()
+    response.body = response.read()
+    conn.close()
+    return response
+
 
 # --- s3sign ------------------------------------------------------------------------------------------------------
 
@@ -42,3 +76,163 @@ def test_sigv4_matches_aws_documented_examples(method, url, headers, payload, si
         "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, SignedHeaders="
     )
     assert signed["Host"] == "examplebucket.s3.amazonaws.com"
+
+
+# --- RangeServer -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header, status, content_range, body",
+    [
+        ("bytes=0-9", 206, "bytes 0-9/1048576", DATA[:10]),
+        ("bytes=1048570-", 206, "bytes 1048570-1048575/1048576", DATA[-6:]),
+        ("bytes=-3", 206, "bytes 1048573-1048575/1048576", DATA[-3:]),
+        ("bytes=1048570-2000000", 206, "bytes 1048570-1048575/1048576", DATA[-6:]),
+        ("bytes=1048576-", 416, "bytes */1048576", None),
+        ("bytes=0-1,4-5", 200, None, DATA),  # a multi-range is ignored, as RFC 9110 allows
+        (None, 200, None, DATA),
+    ],
+)
+def test_range_server_ranges(header, status, content_range, body) -> None:
+    with RangeServer() as server:
+        etag = server.put("/m.bin", DATA)
+        response = get(server.port, "/m.bin", {"Range": header} if header else {})
+        assert response.status == status
+        assert response.getheader("Content-Range") == content_range
+        assert response.getheader("ETag") == etag
+        assert response.getheader("Last-Modified") is not None
+        if body is not None:
+            assert response.body == body
+            assert server.log[0].body_bytes == len(body)
+        assert server.log[0].range == header
+
+
+def test_range_server_empty_object_and_head() -> None:
+    with RangeServer() as server:
+        server.put("/empty", b"")
+        server.put("/m.bin", DATA)
+        assert get(server.port, "/empty").body == b""
+        assert get(server.port, "/empty", {"Range": "bytes=0-"}).status == 416
+        head = get(server.port, "/m.bin", {"Range": "bytes=5-9"}, method="HEAD")
+        assert (head.status, head.getheader("Content-Length"), head.body) == (206, "5", b"")
+        assert get(server.port, "/missing").status == 404
+        assert [(r.method, r.status, r.body_bytes) for r in server.log[2:]] == [("HEAD", 206, 0), ("GET", 404, 10)]
+
+
+def test_parse_range_edge_cases() -> None:
+    assert parse_range("bytes=5-2", 10) is None  # last < first: invalid, ignored
+    assert parse_range("items=0-1", 10) is None
+    assert parse_range("bytes=-0", 10) == "unsatisfiable"
+    assert parse_range("bytes=-20", 10) == (0, 10)
+    assert parse_range(" bytes = 2 - 3", 10) is None  # whitespace inside the spec is not allowed
+
+
+def test_range_server_etag_if_match_and_replace() -> None:
+    with RangeServer() as server:
+        old = server.put("/m.bin", DATA)
+        assert get(server.port, "/m.bin", {"If-Match": old, "Range": "bytes=0-0"}).status == 206
+        new = server.replace("/m.bin", DATA[::-1])
+        assert new != old and new.startswith('"') and not new.startswith("W/")
+        stale = get(server.port, "/m.bin", {"If-Match": old, "Range": "bytes=0-0"})
+        assert (stale.status, stale.getheader("ETag")) == (412, new)
+        assert get(server.port, "/m.bin", {"If-Match": f"{old}, {new}"}).status == 200
+        assert get(server.port, "/m.bin", {"If-Match": "*"}).status == 200
+        assert get(server.port, "/m.bin", {"If-Match": f"W/{new}"}).status == 412  # weak never matches
+        with pytest.raises(KeyError):
+            server.replace("/other", b"x")
+
+
+def test_range_server_if_unmodified_since_and_if_range() -> None:
+    with RangeServer() as server:
+        server.put("/m.bin", DATA, last_modified=1_700_000_000)
+        modified = "Tue, 14 Nov 2023 22:13:20 GMT"  # 1_700_000_000
+        assert get(server.port, "/m.bin", {"If-Unmodified-Since": modified}).status == 200
+        assert get(server.port, "/m.bin", {"If-Unmodified-Since": "Tue, 14 Nov 2023 22:13:19 GMT"}).status == 412
+        etag = server.etag("/m.bin")
+        assert get(server.port, "/m.bin", {"Range": "bytes=0-3", "If-Range": etag}).status == 206
+        changed = get(server.port, "/m.bin", {"Range": "bytes=0-3", "If-Range": '"other"'})
+        assert (changed.status, len(changed.body)) == (200, len(DATA))
+        assert get(server.port, "/m.bin", {"Range": "bytes=0-3", "If-Range": modified}).status == 206
+        server.put("/m.bin", DATA)  # one second later at least
+        assert get(server.port, "/m.bin", {"If-Unmodified-Since": modified}).status == 412
+
+
+def test_range_server_bearer_token() -> None:
+    with RangeServer() as server:
+        server.put("/private", b"secret bytes", token="tok-123")
+        missing = get(server.port, "/private")
+        assert (missing.status, missing.getheader("WWW-Authenticate")) == (401, 'Bearer realm="RangeServer"')
+        assert get(server.port, "/private", {"Authorization": "Bearer wrong"}).status == 403
+        ok = get(server.port, "/private", {"Authorization": "Bearer tok-123"})
+        assert (ok.status, ok.body) == (200, b"secret bytes")
+        assert [r.header("authorization") for r in server.log] == [None, "Bearer wrong", "Bearer tok-123"]
+
+
+def test_range_server_redirect_to_another_server() -> None:
+    with RangeServer() as front, RangeServer() as back:
+        back.put("/real.bin", DATA)
+        front.add_redirect("/m.bin", back.url("/real.bin"), status=307)
+        status, headers, body = fetch(front.url("/m.bin"), {"Range": "bytes=100-199"})
+        assert (status, body) == (206, DATA[100:200])
+        assert [(r.status, r.body_bytes) for r in front.log] == [(307, 0)]
+        assert [(r.path, r.range, r.span) for r in back.log] == [("/real.bin", "bytes=100-199", (100, 200))]
+        assert back.log[0].header("Host") == f"127.0.0.1:{back.port}"
+        with pytest.raises(ValueError):
+            front.add_redirect("/x", back.url("/x"), status=200)
+
+
+def test_range_server_keep_alive_log_and_spans() -> None:
+    with RangeServer() as server:
+        server.put("/dir/a b.bin", DATA)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        for first, last in ((0, 99), (100, 199), (150, 249)):
+            conn.request("GET", "/dir/a%20b.bin?x-id=1", headers={"Range": f"bytes={first}-{last}", "X-Test": "yes"})
+            assert conn.getresponse().read() == DATA[first : last + 1]
+        conn.close()
+        log = server.requests_for("/dir/a b.bin")
+        assert [r.connection for r in log] == [1, 1, 1]  # one connection, kept alive
+        assert all(r.header("x-test") == "yes" and r.path == "/dir/a%20b.bin?x-id=1" for r in log)
+        assert server.spans("/dir/a b.bin") == [(0, 100), (100, 200), (150, 250)]
+        assert overlaps(server.spans("/dir/a b.bin")) == [((100, 200), (150, 250))]
+        assert server.bytes_sent() == 300
+
+
+def test_overlaps() -> None:
+    assert overlaps([(0, 10), (10, 20), (20, 20)]) == []
+    assert overlaps([(5, 15), (0, 10), (9, 10)]) == [((0, 10), (5, 15)), ((0, 10), (9, 10)), ((5, 15), (9, 10))]
+
+
+def test_range_server_serves_files(tmp_path: Path) -> None:
+    path = tmp_path / "m.bin"
+    path.write_bytes(DATA * 3)
+    with RangeServer() as server:
+        server.put("/m.bin", path)
+        assert get(server.port, "/m.bin", {"Range": "bytes=1048570-1048585"}).body == (DATA * 3)[1048570:1048586]
+        assert get(server.port, "/m.bin").body == DATA * 3
+
+
+def raw_ranged_get(port: int) -> socket.socket:
+    """Opens a connection, GETs byte 0 of /m.bin on it, reads the whole answer and returns the idle connection."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"GET /m.bin HTTP/1.1\r\nHost: x\r\nRange: bytes=0-0\r\n\r\n")
+    answer = b""
+    while not (b"\r\n\r\n" in answer and len(answer.partition(b"\r\n\r\n")[2]) == 1):
+        piece = sock.recv(1024)
+        assert piece, answer
+        answer += piece
+    assert answer.startswith(b"HTTP/1.1 206")
+    return sock
+
+
+def test_range_server_close_releases_threads_and_port() -> None:
+    before = threading.active_count()
+    server = RangeServer()
+    server.put("/m.bin", DATA)
+    idle = raw_ranged_get(server.port)  # an idle keep-alive connection
+    server.close()
+    server.close()  # idempotent
+    assert idle.recv(1024) == b""  # cut by close()
+    idle.close()
+    assert threading.active_count() == before
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
