@@ -3,6 +3,8 @@ and stopped by the tests, and uses the standard library only (pytest for the fix
 
 * range_server.py -- start here: RangeServer, an HTTP/1.1 object server with ranges, ETags, preconditions,
   bearer tokens, redirects and a request log (RequestRecord).
+* fault_proxy.py -- FaultProxy, a reverse proxy in front of either server that injects resets, truncations,
+  error statuses, stalls and mid-load object replacement.
 * s3sign.py -- a minimal AWS SigV4 signer (the fixtures' own uploads; checked against AWS's examples).
 * test_fixtures.py -- the fixtures' own tests (no safetensors needed).
 

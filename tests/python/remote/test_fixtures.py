@@ -7,6 +7,7 @@ import hashlib
 import http.client
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Optional
 
 import pytest
 
+from .fault_proxy import FaultProxy
 from .range_server import RangeServer, overlaps, parse_range
 from .s3sign import sign_headers
 
@@ -236,3 +238,131 @@ def test_range_server_close_releases_threads_and_port() -> None:
     assert threading.active_count() == before
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+
+
+# --- FaultProxy in front of a RangeServer ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def origin():
+    with RangeServer() as server:
+        server.put("/m.bin", DATA)
+        yield server
+
+
+@pytest.fixture
+def proxy(origin):
+    with FaultProxy(origin.endpoint) as p:
+        yield p
+
+
+def test_proxy_forwards_requests_unchanged(origin, proxy) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    headers = {"Host": "bucket.example.test:9000", "Range": "bytes=10-19", "X-Amz-Date": "20260101T000000Z"}
+    for _ in range(2):
+        conn.request("GET", "/m.bin?versionId=1", headers=headers)
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (206, DATA[10:20])
+    conn.close()
+    seen = origin.log
+    assert [r.header("Host") for r in seen] == ["bucket.example.test:9000"] * 2
+    assert seen[0].headers == proxy.log[0].headers
+    assert [r.path for r in seen] == ["/m.bin?versionId=1"] * 2
+    assert [r.connection for r in seen] == [1, 1]  # the upstream connection is kept alive too
+    assert [(r.status, r.body_bytes, r.span, r.fault, r.connection) for r in proxy.log] == [(206, 10, (10, 20), None, 1)] * 2
+    assert (proxy.requests, proxy.faults_injected) == (2, 0)
+
+
+def test_proxy_reset_after(origin, proxy) -> None:
+    rule = proxy.reset_after(65536)
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    conn.request("GET", "/m.bin")
+    response = conn.getresponse()
+    assert response.status == 200
+    received = 0
+    with pytest.raises(ConnectionResetError):
+        while chunk := response.read(4096):
+            received += len(chunk)
+    conn.close()
+    assert 0 < received <= 65536
+    assert [(r.status, r.body_bytes, r.fault) for r in proxy.log] == [(200, 65536, "reset")]
+    assert (rule.fired, proxy.faults_injected) == (1, 1)
+    assert fetch(proxy.url("/m.bin"))[2] == DATA  # the rule fired once; the next request passes
+
+
+def test_proxy_truncate_after(proxy) -> None:
+    proxy.truncate_after(1000)
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    conn.request("GET", "/m.bin", headers={"Range": "bytes=5000-9999"})
+    response = conn.getresponse()
+    assert response.getheader("Content-Length") == "5000"  # promised, not sent
+    with pytest.raises(http.client.IncompleteRead) as error:
+        response.read()
+    conn.close()
+    assert error.value.partial == DATA[5000:6000]
+    assert [(r.body_bytes, r.span, r.fault) for r in proxy.log] == [(1000, (5000, 6000), "truncate")]
+
+
+def test_proxy_status_twice_then_forward(origin, proxy) -> None:
+    proxy.status(503, times=2, headers={"Retry-After": "0"}, body=b"<Error><Code>SlowDown</Code></Error>")
+    answers = [fetch(proxy.url("/m.bin"), {"Range": "bytes=0-3"}) for _ in range(3)]
+    assert [(a[0], a[1].get("Retry-After")) for a in answers] == [(503, "0"), (503, "0"), (206, None)]
+    assert answers[0][2] == b"<Error><Code>SlowDown</Code></Error>" and answers[2][2] == DATA[:4]
+    assert len(origin.log) == 1  # injected answers never reach the upstream
+    assert [r.fault for r in proxy.log] == ["status", "status", None]
+
+
+@pytest.mark.parametrize("after_headers", [True, False])
+def test_proxy_stall_is_seen_as_a_client_timeout(proxy, after_headers) -> None:
+    proxy.stall(120.0, after_headers=after_headers)
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=0.5)
+    conn.request("GET", "/m.bin")
+    if after_headers:
+        response = conn.getresponse()  # the head comes, the body does not
+        assert response.status == 200
+        with pytest.raises(socket.timeout):
+            response.read()
+    else:
+        with pytest.raises(socket.timeout):
+            conn.getresponse()
+    conn.close()
+    began = time.monotonic()
+    proxy.close()  # interrupts the stall
+    assert time.monotonic() - began < 10
+    assert [r.fault for r in proxy.log] == (["stall"] if after_headers else [])
+    assert proxy.requests == 1
+
+
+def test_proxy_replace_object_before_nth_request(origin, proxy) -> None:
+    proxy.replace_object(lambda: origin.replace("/m.bin", DATA[::-1]), nth=2, path="/m.bin")
+    first = fetch(proxy.url("/m.bin"), {"Range": "bytes=0-3"})
+    second = fetch(proxy.url("/m.bin"), {"Range": "bytes=4-7", "If-Match": first[1]["ETag"]})
+    assert first[2] == DATA[:4]
+    assert second[0] == 412 and second[1]["ETag"] != first[1]["ETag"]
+    assert [r.fault for r in proxy.log] == [None, "replace"]
+
+
+def test_proxy_rules_count_per_path_and_nth(origin, proxy) -> None:
+    origin.put("/other.bin", b"other")
+    every = proxy.status(500, nth=2, times=None, path="/m.bin")
+    codes = [fetch(proxy.url(p))[0] for p in ("/m.bin", "/other.bin", "/m.bin", "/other.bin", "/m.bin")]
+    assert codes == [200, 200, 500, 200, 500]
+    assert (every.seen, every.fired) == (3, 2)
+
+
+def test_proxy_upstream_down_is_502() -> None:
+    dead = RangeServer()
+    dead.close()
+    with FaultProxy(dead.endpoint) as proxy:
+        assert fetch(proxy.url("/m.bin"))[0] == 502
+        assert proxy.log[0].status == 502
+
+
+def test_proxy_close_releases_threads() -> None:
+    before = threading.active_count()
+    with RangeServer() as origin, FaultProxy(origin.endpoint) as proxy:
+        origin.put("/m.bin", DATA)
+        idle = raw_ranged_get(proxy.port)
+    assert idle.recv(1024) == b""
+    idle.close()
+    assert threading.active_count() == before
