@@ -1,11 +1,17 @@
-"""Tests of the remote-source test servers themselves, with plain clients (http.client, urllib) and without the
-safetensors package."""
+"""Tests of the remote-source test servers themselves, with plain clients (http.client, urllib, curl) and without
+the safetensors package. `-m s3` selects the SeaweedFS tests, `-m "not s3"` the rest."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
+import itertools
+import os
+import resource
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import urllib.error
@@ -17,8 +23,11 @@ import pytest
 
 from .fault_proxy import FaultProxy
 from .range_server import RangeServer, overlaps, parse_range
-from .s3sign import sign_headers
+from .s3sign import EMPTY_SHA256, sign_headers
+from .seaweed import SeaweedS3
 
+CURL = shutil.which("curl")
+s3 = pytest.mark.s3
 DATA = bytes(range(256)) * 4096  # 1 MiB, every byte's value is its offset mod 256
 # urllib without any proxy from the environment: nothing may leave loopback.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -366,3 +375,199 @@ def test_proxy_close_releases_threads() -> None:
     assert idle.recv(1024) == b""
     idle.close()
     assert threading.active_count() == before
+
+
+# --- SeaweedFS ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CurlResult:
+    status: int
+    headers: dict[str, str]  # of the final response, names lowercased
+    body: bytes
+
+
+@pytest.fixture
+def curl(tmp_path: Path):
+    """Runs curl (never through a proxy) and returns a CurlResult; `sign` is (access key, secret key)."""
+    if CURL is None:
+        pytest.skip("the curl command line tool is not installed")
+    counter = itertools.count()
+
+    def run(url: str, *args: str, sign: Optional[tuple[str, str]] = None, region: str = "us-east-1") -> CurlResult:
+        n = next(counter)
+        head, body = tmp_path / f"curl{n}.head", tmp_path / f"curl{n}.body"
+        command = [CURL, "-sS", "--noproxy", "*", "--max-time", "60", "-D", str(head), "-o", str(body)]
+        command += ["-w", "%{http_code}"]
+        if sign is not None:
+            command += ["--aws-sigv4", f"aws:amz:{region}:s3", "--user", f"{sign[0]}:{sign[1]}"]
+        proc = subprocess.run([*command, *args, url], capture_output=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode()
+        blocks = head.read_text("latin-1").strip().split("\r\n\r\n")
+        headers = {}
+        for line in blocks[-1].splitlines()[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return CurlResult(int(proc.stdout), headers, body.read_bytes() if body.exists() else b"")
+
+    return run
+
+
+def admin(server: SeaweedS3) -> tuple[str, str]:
+    return (server.access_key, server.secret_key)
+
+
+@s3
+def test_seaweed_write_then_range_read(seaweed_s3: SeaweedS3, curl) -> None:
+    bucket = seaweed_s3.new_bucket()
+    etag = seaweed_s3.put_object(bucket, "dir/m.bin", DATA)
+    url = seaweed_s3.endpoint + seaweed_s3.object_path(bucket, "dir/m.bin")
+    full = curl(url, sign=admin(seaweed_s3))
+    assert (full.status, full.body, full.headers["etag"]) == (200, DATA, etag)
+    ranged = curl(url, "-H", "Range: bytes=1000-1999", sign=admin(seaweed_s3))
+    assert (ranged.status, ranged.body) == (206, DATA[1000:2000])
+    assert ranged.headers["content-range"] == f"bytes 1000-1999/{len(DATA)}"
+    assert ranged.headers["etag"] == etag  # a ranged GET carries the ETag
+    assert curl(url, "-H", "Range: bytes=-5", sign=admin(seaweed_s3)).body == DATA[-5:]
+    assert curl(url, "-H", f"Range: bytes={len(DATA)}-", sign=admin(seaweed_s3)).status == 416
+
+
+@s3
+def test_seaweed_refuses_wrong_secret_and_reports_missing(seaweed_s3: SeaweedS3, curl) -> None:
+    bucket = seaweed_s3.new_bucket()
+    seaweed_s3.put_object(bucket, "m.bin", b"x")
+    url = seaweed_s3.endpoint + f"/{bucket}/m.bin"
+    wrong = curl(url, sign=(seaweed_s3.access_key, "not-the-secret"))
+    assert wrong.status == 403 and b"SignatureDoesNotMatch" in wrong.body
+    assert curl(url, sign=("UNKNOWNKEY0000000000", "x")).status == 403
+    missing = curl(seaweed_s3.endpoint + f"/{bucket}/missing.bin", sign=admin(seaweed_s3))
+    assert missing.status == 404 and b"NoSuchKey" in missing.body
+
+
+@s3
+def test_seaweed_readonly_identity_cannot_write(seaweed_s3: SeaweedS3, curl, tmp_path: Path) -> None:
+    bucket = seaweed_s3.new_bucket()
+    seaweed_s3.put_object(bucket, "m.bin", b"readable")
+    reader = (seaweed_s3.readonly_access_key, seaweed_s3.readonly_secret_key)
+    url = seaweed_s3.endpoint + f"/{bucket}/m.bin"
+    assert curl(url, sign=reader).body == b"readable"
+    upload = tmp_path / "upload.bin"
+    upload.write_bytes(b"overwrite")
+    assert curl(url, "-T", str(upload), sign=reader).status == 403
+    assert curl(url, "-X", "DELETE", sign=reader).status == 403
+    assert seaweed_s3.get_object(bucket, "m.bin") == b"readable"
+
+
+@s3
+def test_seaweed_public_bucket_allows_anonymous_reads_only(seaweed_s3: SeaweedS3) -> None:
+    public = seaweed_s3.new_bucket("public", public=True)
+    private = seaweed_s3.new_bucket()
+    for bucket in (public, private):
+        seaweed_s3.put_object(bucket, "m.bin", DATA)
+    status, headers, body = fetch(seaweed_s3.endpoint + f"/{public}/m.bin", {"Range": "bytes=0-9"})
+    assert (status, body) == (206, DATA[:10])
+    assert fetch(seaweed_s3.endpoint + f"/{private}/m.bin")[0] == 403
+    assert seaweed_s3.request("PUT", f"/{public}/new.bin", body=b"x", credentials=None).status == 403
+
+
+@s3
+def test_seaweed_sigv4_with_and_without_content_sha256(seaweed_s3: SeaweedS3, curl) -> None:
+    """curl 7.88's --aws-sigv4 sends no X-Amz-Content-Sha256 unless told to; SeaweedFS accepts both forms (AWS
+    S3 itself requires the header). The FaultProxy log shows what curl sent."""
+    bucket = seaweed_s3.new_bucket()
+    seaweed_s3.put_object(bucket, "m.bin", DATA)
+    with FaultProxy(seaweed_s3.endpoint) as proxy:
+        url = proxy.url(f"/{bucket}/m.bin")
+        plain = curl(url, "-H", "Range: bytes=0-99", sign=admin(seaweed_s3))
+        hashed = curl(url, "-H", "Range: bytes=0-99", "-H", f"x-amz-content-sha256: {EMPTY_SHA256}",
+                      sign=admin(seaweed_s3))  # fmt: skip
+        unsigned = curl(url, "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", sign=admin(seaweed_s3))
+        assert (plain.status, hashed.status, unsigned.status) == (206, 206, 200)
+        sent = proxy.log
+    signed = [r.header("Authorization").partition("SignedHeaders=")[2].partition(",")[0] for r in sent]
+    # curl signs the headers given with -H (Range included) besides host and x-amz-date.
+    assert signed == ["host;range;x-amz-date", "host;range;x-amz-content-sha256;x-amz-date",
+                      "host;x-amz-content-sha256;x-amz-date"]  # fmt: skip
+    assert [r.header("x-amz-content-sha256") for r in sent] == [None, EMPTY_SHA256, "UNSIGNED-PAYLOAD"]
+    # The Host curl signed (the proxy's address) reached SeaweedFS unchanged, or the signatures would fail.
+    assert {r.header("Host") for r in sent} == {f"127.0.0.1:{proxy.port}"}
+    assert all(seaweed_s3.secret_key not in value for r in sent for _, value in r.headers)
+
+
+@s3
+def test_seaweed_if_match(seaweed_s3: SeaweedS3, curl) -> None:
+    bucket = seaweed_s3.new_bucket()
+    old = seaweed_s3.put_object(bucket, "m.bin", DATA)
+    new = seaweed_s3.put_object(bucket, "m.bin", DATA[::-1])
+    url = seaweed_s3.endpoint + f"/{bucket}/m.bin"
+    assert old != new
+    assert curl(url, "-H", f"If-Match: {new}", "-H", "Range: bytes=0-3", sign=admin(seaweed_s3)).status == 206
+    stale = curl(url, "-H", f"If-Match: {old}", "-H", "Range: bytes=0-3", sign=admin(seaweed_s3))
+    assert stale.status == 412 and b"PreconditionFailed" in stale.body
+
+
+@s3
+def test_seaweed_accepts_s3sign_signatures_through_fault_proxy(seaweed_s3: SeaweedS3) -> None:
+    bucket = seaweed_s3.new_bucket()
+    seaweed_s3.put_object(bucket, "m.bin", DATA)
+    with FaultProxy(seaweed_s3.endpoint) as proxy:
+        proxy.status(503, times=1, headers={"Retry-After": "0"})
+        path = f"/{bucket}/m.bin"
+        statuses = []
+        for _ in range(2):
+            headers = sign_headers("GET", proxy.url(path), {"Range": "bytes=10-19"},
+                                   access_key=seaweed_s3.access_key, secret_key=seaweed_s3.secret_key)  # fmt: skip
+            response = get(proxy.port, path, headers)
+            statuses.append(response.status)
+        assert statuses == [503, 206] and response.body == DATA[10:20]
+        assert proxy.log[1].span == (10, 20) and proxy.log[1].header("Range") == "bytes=10-19"
+
+
+@s3
+def test_seaweed_curl_upload_through_proxy_expect_continue(seaweed_s3: SeaweedS3, curl, tmp_path: Path) -> None:
+    """curl sends `Expect: 100-continue` with -T: the proxy relays the interim 100, or a final refusal."""
+    bucket = seaweed_s3.new_bucket()
+    upload = tmp_path / "upload.bin"
+    upload.write_bytes(DATA * 3)
+    reader = (seaweed_s3.readonly_access_key, seaweed_s3.readonly_secret_key)
+    with FaultProxy(seaweed_s3.endpoint) as proxy:
+        url = proxy.url(f"/{bucket}/upload.bin")
+        assert curl(url, "-T", str(upload), sign=reader).status == 403
+        assert curl(url, "-T", str(upload), sign=admin(seaweed_s3)).status == 200
+        assert [(r.method, r.status, r.header("Expect")) for r in proxy.log] == [("PUT", 403, "100-continue"),
+                                                                                ("PUT", 200, "100-continue")]  # fmt: skip
+    assert seaweed_s3.get_object(bucket, "upload.bin") == DATA * 3
+
+
+@s3
+def test_seaweed_put_file_streams(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
+    path = tmp_path / "m.bin"
+    with open(path, "wb") as f:
+        for i in range(16):
+            f.write(bytes([i]) * (1 << 20))
+    bucket = seaweed_s3.new_bucket()
+    etag = seaweed_s3.put_file(bucket, "m.bin", path)
+    assert etag == f'"{hashlib.md5(path.read_bytes()).hexdigest()}"'
+    assert seaweed_s3.get_object(bucket, "m.bin", byte_range="bytes=5242870-5242889") == b"\x04" * 10 + b"\x05" * 10
+    seaweed_s3.delete_object(bucket, "m.bin")
+    assert seaweed_s3.request("GET", f"/{bucket}/m.bin").status == 404
+
+
+@s3
+@pytest.mark.skipif(not os.environ.get("SAFETENSORS_TEST_2GIB"), reason="set SAFETENSORS_TEST_2GIB=1 (about 40 s)")
+def test_seaweed_put_file_2gib_without_loading_it(seaweed_s3: SeaweedS3, tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    size = 2 << 30
+    with open(path, "wb") as f:  # sparse: zeros but for two markers
+        f.truncate(size)
+        f.seek(123)
+        f.write(b"head-marker")
+        f.seek(size - 11)
+        f.write(b"tail-marker")
+    bucket = seaweed_s3.new_bucket()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    seaweed_s3.put_file(bucket, "big.bin", path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024  # KiB: far below 2 GiB
+    assert seaweed_s3.get_object(bucket, "big.bin", byte_range="bytes=123-133") == b"head-marker"
+    assert seaweed_s3.get_object(bucket, "big.bin", byte_range="bytes=-11") == b"tail-marker"
+    seaweed_s3.delete_object(bucket, "big.bin")
