@@ -72,6 +72,7 @@ AWS_EXAMPLE_KEYS = {"access_key": "AKIAIOSFODNN7EXAMPLE", "secret_key": "wJalrXU
         ("GET", "/?lifecycle", {}, b"", "fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543"),
         ("GET", "/?max-keys=2&prefix=J", {}, b"", "34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7"),
     ],
+    ids=["get-object", "put-object", "get-bucket-lifecycle", "list-objects"],
 )  # fmt: skip
 def test_sigv4_matches_aws_documented_examples(method, url, headers, payload, signature) -> None:
     signed = sign_headers(
@@ -103,6 +104,7 @@ def test_sigv4_matches_aws_documented_examples(method, url, headers, payload, si
         ("bytes=0-1,4-5", 200, None, DATA),  # a multi-range is ignored, as RFC 9110 allows
         (None, 200, None, DATA),
     ],
+    ids=["a-b", "a-", "-n", "a-past-end", "unsatisfiable", "multi-range", "no-range"],
 )
 def test_range_server_ranges(header, status, content_range, body) -> None:
     with RangeServer() as server:
