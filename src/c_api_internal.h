@@ -1,7 +1,7 @@
 // What the C API's sources share (include/safetensors/c.h is the contract): the handles behind its opaque
 // types, and the one place where Errors and exceptions become codes and error objects, so that no C++
 // exception crosses into C. The API is one source per concern: c_api.cc (codes, errors, dtypes, files, views,
-// slices), c_api_write.cc, c_api_sharded.cc and c_api_engine.cc.
+// slices), c_api_open.cc (open options, locations), c_api_write.cc, c_api_sharded.cc and c_api_engine.cc.
 #ifndef SAFETENSORS_SRC_C_API_INTERNAL_H_
 #define SAFETENSORS_SRC_C_API_INTERNAL_H_
 

@@ -177,6 +177,36 @@ typedef struct safetensors_file_t safetensors_file_t;
    METADATA_INCOMPLETE_BUFFER), SAFETENSORS_INVALID_ARGUMENT (backend MEMORY or out of range). */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_open(const char* path, int backend, safetensors_file_t** file,
                                                        safetensors_error_t** error);
+/* Options for an open (safetensors_open_with, safetensors_sharded_open_index_with): a backend and, for
+   http://, https:// and s3:// locations, remote options (credentials, endpoint, headers, concurrency; the keys
+   of safetensors::RemoteOptions::set in remote.h, e.g. "endpoint_url", "aws_access_key_id", "anonymous",
+   "header" (one "Name: value" per call), "connections"). Without options a URL is opened with the
+   environment's settings (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, HF_TOKEN, ...). Returns NULL when out of
+   memory. The backend starts as MMAP. */
+typedef struct safetensors_open_options_t safetensors_open_options_t;
+SAFETENSORS_EXPORT safetensors_open_options_t* safetensors_open_options_new(void);
+SAFETENSORS_EXPORT void safetensors_open_options_free(safetensors_open_options_t* options);
+/* Errors: SAFETENSORS_INVALID_ARGUMENT (MEMORY or out of range). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open_options_set_backend(safetensors_open_options_t* options,
+                                                                           int backend, safetensors_error_t** error);
+/* Sets remote option `key` to `value` (both NUL-terminated text). Errors: SAFETENSORS_INVALID_ARGUMENT naming
+   the key (never the value: it may be a secret) for an unknown key or a malformed value. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open_options_set_remote(safetensors_open_options_t* options,
+                                                                          const char* key, const char* value,
+                                                                          safetensors_error_t** error);
+/* Opens and fully validates the file at `location`: a path, or an http://, https:// or s3:// URL read with
+   range requests. `options` may be NULL (the defaults). Errors: those of safetensors_open, with
+   SAFETENSORS_IO for network failures and SAFETENSORS_NOT_FOUND for a missing object. Errors name a URL
+   without its query string (where presigned URLs keep their signature). */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_open_with(const char* location,
+                                                            const safetensors_open_options_t* options,
+                                                            safetensors_file_t** file, safetensors_error_t** error);
+/* What the file's bytes come from: "mmap", "pread", "memory", "http" or "s3". */
+SAFETENSORS_EXPORT const char* safetensors_file_source_kind(const safetensors_file_t* file);
+/* What a remote source did so far: requests sent (retries included), body bytes received, retries. Zeros for
+   a local file. Any pointer may be NULL. */
+SAFETENSORS_EXPORT void safetensors_file_source_stats(const safetensors_file_t* file, uint64_t* requests,
+                                                      uint64_t* bytes_fetched, uint64_t* retries);
 /* Opens the bytes [data, data + size) as a file, without copying them. REQUIRES: the bytes stay alive and
    unchanged until the handle and every view made from it are freed. Errors: the header codes. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_open_memory(const void* data, size_t size, safetensors_file_t** file,
@@ -360,6 +390,12 @@ typedef struct safetensors_sharded_t safetensors_sharded_t;
 SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_index(const char* index_path, int backend,
                                                                      safetensors_sharded_t** sharded,
                                                                      safetensors_error_t** error);
+/* safetensors_sharded_open_index with options (see safetensors_open_with): the index may be a URL, its
+   shards are then resolved under the same URL path. `options` may be NULL. */
+SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_index_with(const char* index_location,
+                                                                          const safetensors_open_options_t* options,
+                                                                          safetensors_sharded_t** sharded,
+                                                                          safetensors_error_t** error);
 /* Opens `paths[0 .. count)`; every tensor of every file is visible. Errors: those of safetensors_open, and
    SAFETENSORS_INVALID_ARGUMENT when two files hold a tensor of the same name. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count,

@@ -77,7 +77,8 @@ class SAFETENSORS_EXPORT Source {
   virtual const std::string& name() const = 0;
   // Size in bytes, fixed when the Source was created.
   virtual std::uint64_t size() const = 0;
-  // A label: "mmap", "pread", "memory", "http", "s3". For people and statistics only.
+  // A label: "mmap", "pread", "memory", "http", "s3" (a NUL-terminated literal: static storage). For people
+  // and statistics only.
   virtual std::string_view kind() const = 0;
 
   // Reads exactly dst.size() bytes starting at `offset`. On success the returned span holds them: either a

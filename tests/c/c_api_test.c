@@ -316,6 +316,54 @@ static void test_errors(void) {
   safetensors_error_free(NULL);
 }
 
+/* Open options: a backend and remote options, the same open for paths and URLs. */
+static void test_open_options(void) {
+  safetensors_open_options_t* options = safetensors_open_options_new();
+  CHECK(options != NULL);
+  if (!options) return;
+  safetensors_file_t* f = NULL;
+  CHECK_OK(safetensors_open_with(path_in("golden.safetensors"), NULL, &f, &err_));
+  if (f) {
+    CHECK(safetensors_file_backend(f) == SAFETENSORS_BACKEND_MMAP);
+    CHECK(strcmp(safetensors_file_source_kind(f), "mmap") == 0);
+    uint64_t requests = 1, bytes = 1, retries = 1;
+    safetensors_file_source_stats(f, &requests, &bytes, &retries);
+    CHECK(requests == 0 && bytes == 0 && retries == 0);
+    safetensors_file_free(f);
+  }
+  CHECK_OK(safetensors_open_options_set_backend(options, SAFETENSORS_BACKEND_PREAD, &err_));
+  CHECK_OK(safetensors_open_options_set_remote(options, "connections", "4", &err_));
+  CHECK_OK(safetensors_open_with(path_in("golden.safetensors"), options, &f, &err_));
+  if (f) {
+    CHECK(safetensors_file_backend(f) == SAFETENSORS_BACKEND_PREAD);
+    CHECK(strcmp(safetensors_file_source_kind(f), "pread") == 0);
+    safetensors_file_free(f);
+  }
+
+  safetensors_sharded_t* s = NULL;
+  CHECK_OK(safetensors_sharded_open_index_with(path_in("model.safetensors.index.json"), options, &s, &err_));
+  CHECK(s != NULL && safetensors_sharded_tensor_count(s) > 0);
+  safetensors_sharded_free(s);
+
+  safetensors_error_t* err = NULL;
+  CHECK(safetensors_open_options_set_backend(options, SAFETENSORS_BACKEND_MEMORY, &err) ==
+        SAFETENSORS_INVALID_ARGUMENT);
+  CHECK(safetensors_open_options_set_remote(options, "max_retries", "s3cr3t", &err) == SAFETENSORS_INVALID_ARGUMENT);
+  CHECK(err && strstr(safetensors_error_message(err), "max_retries") != NULL);
+  CHECK(err && strstr(safetensors_error_message(err), "s3cr3t") == NULL);
+  CHECK(safetensors_open_options_set_remote(options, "no_such_option", "1", &err) == SAFETENSORS_INVALID_ARGUMENT);
+
+  /* A URL nobody answers: an I/O error naming the URL without its query, after no retry. */
+  CHECK_OK(safetensors_open_options_set_remote(options, "max_retries", "0", &err_));
+  CHECK(safetensors_open_with("http://127.0.0.1:1/m.safetensors?sig=s3cr3t", options, &f, &err) == SAFETENSORS_IO);
+  CHECK(f == NULL);
+  CHECK(err && strcmp(safetensors_error_context(err, NULL), "http://127.0.0.1:1/m.safetensors") == 0);
+  CHECK(err && strstr(safetensors_error_message(err), "s3cr3t") == NULL);
+  safetensors_error_free(err);
+  safetensors_open_options_free(options);
+  safetensors_open_options_free(NULL);
+}
+
 static void test_dtypes_and_names(void) {
   CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_BF16), "BF16") == 0);
   CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_F8_E4M3FNUZ), "F8_E4M3FNUZ") == 0);
@@ -591,6 +639,7 @@ int main(void) {
   test_errors();
   test_dtypes_and_names();
   test_sharded();
+  test_open_options();
   test_prefetch();
   remove_dir();
   if (failures) {
