@@ -56,7 +56,10 @@ class SafeOpenBase:
 class File:
     """An open, validated safetensors file (or in-memory bytes)."""
 
-    def __init__(self, path: str, backend: str = 'mmap', max_header_bytes: int = 100000000) -> None: ...
+    def __init__(self, path: str, backend: str = 'mmap', max_header_bytes: int = 100000000, remote: list[tuple[str, str]] = []) -> None:
+        """
+        Opens a local path or an http(s):// or s3:// URL; remote: (option, value) pairs (RemoteOptions).
+        """
 
     @staticmethod
     def from_buffer(data: bytes | bytearray | memoryview, max_header_bytes: int = 100000000) -> File:
@@ -69,6 +72,15 @@ class File:
 
     @property
     def backend(self) -> str: ...
+
+    @property
+    def source_kind(self) -> str:
+        """What the bytes come from: "mmap", "pread", "memory", "http" or "s3"."""
+
+    def source_stats(self) -> dict[str, int]:
+        """
+        Requests, body bytes fetched and retries so far (a remote source; zeros elsewhere).
+        """
 
     @property
     def data_offset(self) -> int: ...
@@ -150,6 +162,11 @@ class File:
         """
         Reads the planned slice to the address ptr (plan.nbytes bytes). Releases the GIL.
         """
+
+def is_remote_location(location: str) -> bool:
+    """
+    True for the http://, https:// and s3:// URLs the library opens as remote sources.
+    """
 
 def serialize(tensors: Sequence[tuple[str, str, Sequence[int], int, int]], metadata: Sequence[tuple[str, str]] | None = None) -> bytes:
     """
@@ -328,8 +345,10 @@ class ShardIndex:
     """
 
     @staticmethod
-    def read(path: str, max_bytes: int = 100000000) -> ShardIndex:
-        """Reads and validates the index at path. Releases the GIL."""
+    def read(path: str, max_bytes: int = 100000000, remote: Sequence[tuple[str, str]] = []) -> ShardIndex:
+        """
+        Reads and validates the index at path (a local path or a URL). Releases the GIL.
+        """
 
     @staticmethod
     def parse(path: str, text: str) -> ShardIndex:
@@ -376,13 +395,13 @@ class ShardedFile:
     """
 
     @staticmethod
-    def open_index(path: str, backend: str = 'mmap', max_header_bytes: int = 100000000) -> ShardedFile:
+    def open_index(path: str, backend: str = 'mmap', max_header_bytes: int = 100000000, remote: Sequence[tuple[str, str]] = []) -> ShardedFile:
         """
         Opens an index and validates it and every shard it names. Releases the GIL.
         """
 
     @staticmethod
-    def open_files(paths: Sequence[str], backend: str = 'mmap', max_header_bytes: int = 100000000) -> ShardedFile:
+    def open_files(paths: Sequence[str], backend: str = 'mmap', max_header_bytes: int = 100000000, remote: Sequence[tuple[str, str]] = []) -> ShardedFile:
         """
         Opens every file; a tensor name in two files is an error. Releases the GIL.
         """

@@ -150,7 +150,12 @@ def resolve(path: str) -> Checkpoint:
     """What ``path`` names: a safetensors file; an index file (``*.json``: the shards it names, each limited to
     the names it assigns); or a directory (its one ``*.safetensors.index.json`` when it has one, else every
     ``*.safetensors`` file in it, not recursing). Shards an index names are not checked for existence here.
-    Raises CheckpointError (or IndexFormatError) naming the path."""
+    A URL (``s3://``, ``https://``) names an index when its path ends in ``.json``, else one file: object
+    stores have no directories to list. Raises CheckpointError (or IndexFormatError) naming the path."""
+    if _cpp.is_remote_location(path):
+        if path.split("?", 1)[0].split("#", 1)[0].endswith(".json"):
+            return _from_index(path, "index", path)
+        return Checkpoint(path, "file", [Shard(path)])
     if os.path.isdir(path):
         try:
             entries = sorted(os.listdir(path))

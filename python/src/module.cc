@@ -472,6 +472,8 @@ NB_MODULE(_safetensors_cpp, m) {
           "name"_a, "plan"_a, "ptr"_a,
           "Reads the planned slice to the address ptr (plan.nbytes bytes). Releases the GIL.");
 
+  m.def("is_remote_location", &is_remote_location, "location"_a,
+        "True for the http://, https:// and s3:// URLs the library opens as remote sources.");
   m.def(
       "serialize",
       [](const std::vector<PyTensorSpec>& specs,
