@@ -15,6 +15,7 @@
 
 #include "checked.h"
 #include "parallel.h"
+#include "posix.h"
 #include "remote/curl_api.h"
 #include "remote/http_response.h"
 #include "remote/s3_config.h"
@@ -429,6 +430,9 @@ class RemoteSource final : public Source {
     }
     Handle h(this);
     if (!h) return Error::io(name_, "libcurl could not make a handle");
+    // New memory is faulted in with one call rather than a page at a time inside the body's copies (as
+    // pread_full does for files).
+    internal::prefault_for_write(dst);
     const auto deadline = read_deadline();
     std::uint64_t done = 0;
     for (unsigned attempt = 0;;) {
@@ -450,6 +454,7 @@ class RemoteSource final : public Source {
 
   Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
                                                   std::string_view what) const override {
+    if (dst.empty()) return std::span<const std::byte>(dst);  // an empty tensor: no request
     // The part of the first request's range that is kept: never requested again.
     if (offset < head_.size()) {
       const std::uint64_t n = std::min<std::uint64_t>(dst.size(), head_.size() - offset);

@@ -119,3 +119,29 @@ def test_plan_errors_come_before_any_device_work(path):
         with pytest.raises(SafetensorError, match="out of range"):
             f.prefetch({"embed": slice(0, 301)})
     assert npu_sim.bytes_allocated(0) == before
+
+
+def test_a_remote_file_lands_on_the_device(path):
+    """A checkpoint behind an http:// URL (a Range server on 127.0.0.1): prefetch, get_tensor and load_file
+    onto npu:1 give the local file's bytes, fetched once through the engine's bounded slabs."""
+    from remote.range_server import RangeServer, overlaps
+    from safetensors.torch import load_file
+
+    with RangeServer() as server:
+        server.put("/model.safetensors", path)
+        url = server.url("/model.safetensors")
+        expected = load_file(path)
+        with safe_open(url, "pt", device="npu:1") as f:
+            with f.prefetch() as loader:
+                got = dict(loader)
+            stats = f._open().file.source_stats()
+        assert got.keys() == expected.keys()
+        for name, tensor in got.items():
+            assert npu_sim.device_of(tensor) == 1
+            assert raw(tensor) == raw(expected[name]), name
+        assert overlaps(server.spans("/model.safetensors")) == []
+        assert stats["bytes_fetched"] == path.stat().st_size
+        for name, tensor in load_file(url, device="npu:0").items():
+            assert npu_sim.device_of(tensor) == 0 and raw(tensor) == raw(expected[name]), name
+        with safe_open(url, "pt", device="npu:0") as f:
+            assert raw(f.get_slice("embed")[5:9]) == raw(expected["embed"][5:9])
