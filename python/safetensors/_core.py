@@ -7,7 +7,6 @@ only says how to build and unpack its tensors.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import gc
 import importlib
@@ -56,19 +55,19 @@ class DtypeRow(NamedTuple):
 DTYPES: Dict[str, DtypeRow] = {row[0]: DtypeRow(*row) for row in _cpp.dtype_table()}
 _CODE_BY_TORCH_NAME: Dict[str, str] = {r.torch_name: r.code for r in DTYPES.values() if r.torch_name}
 
-# array.array type codes by item size, for to_little_endian.
-_UNIT_TYPECODES = {array.array(t).itemsize: t for t in "QLIH"}
+#: Codes whose torch type packs several values per element (F4), whose TensorSpec shapes convert by the dtype
+#: table's rule (include/safetensors/dtype.h's header_shape).
+_PACKED = frozenset(code for code, row in DTYPES.items() if row.torch_pack != 1)
 
 
 def to_little_endian(data: Any, code: str) -> bytes:
     """The file's bytes for native values of ``code`` (a bytes-like object of whole elements): a byte-swapped
-    copy on a big-endian host (``data`` is left as it is), the bytes themselves elsewhere."""
+    copy on a big-endian host (``data`` is left as it is; the library's swap), the bytes themselves elsewhere."""
     if code not in HOST_SWAPS:
         return bytes(data)
-    units = array.array(_UNIT_TYPECODES[DTYPES[code].swap_bytes])
-    units.frombytes(data)
-    units.byteswap()
-    return units.tobytes()
+    units = bytearray(data)
+    _cpp.byteswap(units, DTYPES[code].swap_bytes)
+    return bytes(units)
 
 _FRAMEWORK_MODULES = {
     "pt": "torch",
@@ -363,8 +362,8 @@ class TensorSpec:
             supported = ", ".join(r.torch_name for r in DTYPES.values() if r.torch_name)
             raise SafetensorError(f'Unknown dtype "{dtype}". Supported dtypes: {supported}')
         dims = [int(d) for d in shape]
-        if dims:
-            dims[-1] *= DTYPES[code].torch_pack  # a packed torch type (F4's x2) names storage, not values
+        if dims and code in _PACKED:
+            dims = _cpp.header_shape(code, dims)  # a packed torch type (F4's x2) names storage, not values
         self._dtype = code
         self._shape = dims
         self._data_ptr = int(data_ptr)

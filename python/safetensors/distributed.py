@@ -692,8 +692,11 @@ def _to_native(out: Dict[str, torch.Tensor], pieces: List[List[Piece]]) -> None:
         for name, (code, _shape, begin, end) in file_pieces:
             if code not in HOST_SWAPS or end <= begin:
                 continue
-            units = out[name].reshape(-1).view(torch.uint8).view(-1, DTYPES[code].swap_bytes)
-            units.copy_(units.flip(1))
+            units = out[name].reshape(-1).view(torch.uint8)
+            host = units if units.device.type == "cpu" else units.cpu()
+            _cpp.byteswap(host, DTYPES[code].swap_bytes)  # the library's swap
+            if host is not units:
+                units.copy_(host)
 
 
 def _read_chunk(file: Any, offset: int, dst: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Tuple
 
 import numpy as np
 
+from . import _safetensors_cpp as _cpp
 from ._adapter import save_load_functions
 from ._core import DTYPES, Framework, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
@@ -184,9 +185,13 @@ def _tensor_spec(code: str, shape: List[int], data_ptr: int, data_len: int, arra
     (x2) form, whose last dimension it doubles back; a code TensorSpec cannot name (F6, an odd F4 row) raises
     the reference's error for the array's own dtype name."""
     row = DTYPES[code]
-    if row.torch_pack > 1 and shape and shape[-1] % row.torch_pack == 0:
-        packed = shape[:-1] + [shape[-1] // row.torch_pack]
-        return TensorSpec(dtype=row.torch_name, shape=packed, data_ptr=data_ptr, data_len=data_len)
+    if row.torch_pack > 1:
+        try:
+            packed = _cpp.torch_shape(code, shape)
+        except SafetensorError:
+            packed = None  # no packed form: named by the array's own dtype below
+        if packed is not None:
+            return TensorSpec(dtype=row.torch_name, shape=packed, data_ptr=data_ptr, data_len=data_len)
     if code in _PACKED_BITS or not row.torch_name:
         return TensorSpec(dtype=array.dtype.name, shape=shape, data_ptr=data_ptr, data_len=data_len)
     return TensorSpec(dtype=row.torch_name, shape=shape, data_ptr=data_ptr, data_len=data_len)

@@ -14,6 +14,7 @@ from ._core import DTYPES, HOST_SWAPS, Framework, PathLike, SafetensorError
 from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
 from ._core import to_little_endian
 from ._devices import resolve_torch_device
+from . import _safetensors_cpp as _cpp
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
 
@@ -48,26 +49,25 @@ def _getdtype(dtype_str: str) -> torch.dtype:
 
 # -- shapes of packed float4 -------------------------------------------------------------------------------
 
+#: Codes whose torch type packs several values per element (F4 as float4_e2m1fn_x2): their shapes convert by
+#: the dtype table's rule (include/safetensors/dtype.h: torch_shape, header_shape).
+_PACKED = frozenset(code for code, row in DTYPES.items() if row.torch_pack != 1)
+
+
 def _torch_shape(code: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    """Header (logical) shape -> torch shape: a packed type (the table's torch_pack: float4_e2m1fn_x2 holds two
-    values per byte) divides the last dimension."""
-    pack = DTYPES[code].torch_pack
-    if pack == 1:
-        return shape
-    if not shape or shape[-1] % pack:
-        raise SafetensorError(
-            f"cannot represent an {code} tensor of shape {list(shape)} as torch.{DTYPES[code].torch_name}, which "
-            f"packs {pack} values per element of the last dimension (it must be "
-            + ("even)" if pack == 2 else f"a multiple of {pack})")
-        )
-    return shape[:-1] + (shape[-1] // pack,)
+    """Header (logical) shape -> torch shape; SafetensorError where torch cannot hold it."""
+    return shape if code not in _PACKED else tuple(_cpp.torch_shape(code, list(shape)))
 
 
-def _header_shape(code: str, tensor: torch.Tensor) -> List[int]:
+def _header_shape(name: str, code: str, tensor: torch.Tensor) -> List[int]:
+    """torch shape -> header (logical) shape; ValueError for a packed scalar, which has no shape to hold it."""
     shape = list(tensor.shape)
-    if shape:
-        shape[-1] *= DTYPES[code].torch_pack
-    return shape
+    if code not in _PACKED:
+        return shape
+    try:
+        return _cpp.header_shape(code, shape)
+    except ValueError as e:
+        raise ValueError(f"tensor `{name}`: {e}") from None
 
 
 def _torch_dtype(code: str) -> torch.dtype:
@@ -363,16 +363,12 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
         code = _CODES.get(value.dtype)
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
-        if code == "F4" and value.dim() == 0:
-            raise ValueError(
-                f"tensor `{name}` is a float4_e2m1fn_x2 scalar: it packs two values, which the format can only "
-                "store with a shape (reshape it to (1,))"
-            )
+        shape = _header_shape(name, code, value)
         if value.device.type != "cpu":
             value = value.to("cpu")  # meta tensors fail here, as in the reference
         keep_alive.append(value)
         nbytes = value.nelement() * _SIZE[value.dtype]
-        specs.append((name, code, _header_shape(code, value), value.data_ptr() if nbytes else 0, nbytes))
+        specs.append((name, code, shape, value.data_ptr() if nbytes else 0, nbytes))
     return specs, keep_alive
 
 
