@@ -25,6 +25,7 @@ __all__ = [
     "SafetensorError",
     "SafetensorIOError",
     "SafetensorSliceError",
+    "TORCH_PACKED",
     "TensorMeta",
     "TensorSpec",
     "deserialize",
@@ -58,9 +59,9 @@ class DtypeRow(NamedTuple):
 DTYPES: Dict[str, DtypeRow] = {row[0]: DtypeRow(*row) for row in _cpp.dtype_table()}
 _CODE_BY_TORCH_NAME: Dict[str, str] = {r.torch_name: r.code for r in DTYPES.values() if r.torch_name}
 
-#: Codes whose torch type packs several values per element (F4), whose TensorSpec shapes convert by the dtype
-#: table's rule (include/safetensors/dtype.h's header_shape).
-_PACKED = frozenset(code for code, row in DTYPES.items() if row.torch_pack != 1)
+#: Codes whose torch type packs several values per element (F4 as float4_e2m1fn_x2): their shapes convert by the
+#: dtype table's rule (include/safetensors/dtype.h's torch_shape and header_shape).
+TORCH_PACKED = frozenset(code for code, row in DTYPES.items() if row.torch_pack != 1)
 
 
 def to_little_endian(data: Any, code: str) -> bytes:
@@ -145,7 +146,7 @@ class TensorSpec:
             supported = ", ".join(r.torch_name for r in DTYPES.values() if r.torch_name)
             raise SafetensorError(f'Unknown dtype "{dtype}". Supported dtypes: {supported}')
         dims = [int(d) for d in shape]
-        if dims and code in _PACKED:
+        if dims and code in TORCH_PACKED:
             dims = _cpp.header_shape(code, dims)  # a packed torch type (F4's x2) names storage, not values
         self._dtype = code
         self._shape = dims

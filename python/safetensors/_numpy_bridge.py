@@ -10,13 +10,13 @@ numpy arrays; reads, slices and the packed types are numpy's.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable, Dict, FrozenSet, List, Tuple
 
 import numpy as np
 
 from ._adapter import Framework
 from ._core import DTYPES, HOST_SWAPS, SafetensorError, to_little_endian
+from ._engine import host_view
 
 __all__ = [
     "CODES",
@@ -198,7 +198,7 @@ def little_endian_bytes(address: int, nbytes: int, code: str) -> np.ndarray:
     """A uint8 array over the ``nbytes`` bytes at ``address`` (memory the caller keeps alive) holding native
     values of ``code``, as the file stores them: the memory itself, without a copy, on a little-endian host; a
     byte-swapped copy where the host swaps ``code``."""
-    data = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(address), dtype=np.uint8)
+    data = np.frombuffer(host_view(address, nbytes), dtype=np.uint8)
     if code in HOST_SWAPS:  # the file's little-endian bytes, in a copy: the caller's memory is left as it is
         data = np.frombuffer(to_little_endian(data, code), dtype=np.uint8)
     return data

@@ -10,9 +10,9 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from . import _safetensors_cpp as _cpp
-from ._core import DTYPES, SafetensorError
+from ._core import DTYPES, TORCH_PACKED, SafetensorError
 
-__all__ = ["CODES", "PACKED", "SIZE", "TYPES", "empty", "header_shape", "torch_dtype", "torch_shape"]
+__all__ = ["CODES", "SIZE", "TYPES", "empty", "header_shape", "torch_dtype", "torch_shape"]
 
 #: Format code -> torch dtype, for every code torch can hold.
 TYPES: Dict[str, torch.dtype] = {
@@ -24,8 +24,6 @@ TYPES: Dict[str, torch.dtype] = {
 CODES: Dict[torch.dtype, str] = {dtype: code for code, dtype in TYPES.items()}
 #: torch dtype -> bytes per element (float4_e2m1fn_x2 holds two values in one byte).
 SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in TYPES.values()}
-#: Codes whose torch type packs several values per element (F4).
-PACKED = frozenset(code for code, row in DTYPES.items() if row.torch_pack != 1)
 
 
 def torch_dtype(code: str) -> torch.dtype:
@@ -38,14 +36,14 @@ def torch_dtype(code: str) -> torch.dtype:
 
 def torch_shape(code: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
     """Header (logical) shape -> torch's shape; SafetensorError where torch cannot hold it."""
-    return shape if code not in PACKED else tuple(_cpp.torch_shape(code, list(shape)))
+    return shape if code not in TORCH_PACKED else tuple(_cpp.torch_shape(code, list(shape)))
 
 
 def header_shape(name: str, code: str, tensor: torch.Tensor) -> List[int]:
     """torch's shape of ``tensor`` (named ``name``) -> the header (logical) shape; ValueError for a packed scalar,
     which has no shape to hold its values."""
     shape = list(tensor.shape)
-    if code not in PACKED:
+    if code not in TORCH_PACKED:
         return shape
     try:
         return _cpp.header_shape(code, shape)
