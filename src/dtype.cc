@@ -4,6 +4,8 @@
 #include <array>
 #include <cassert>
 #include <cstring>
+#include <limits>
+#include <string>
 
 namespace safetensors {
 
@@ -95,6 +97,48 @@ std::optional<Dtype> dtype_from_torch_name(std::string_view name) {
     if (row.torch_name == name) return row.dtype;
   }
   return std::nullopt;
+}
+
+namespace {
+
+std::string shape_text(std::span<const std::uint64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Result<std::vector<std::uint64_t>> torch_shape(Dtype d, std::span<const std::uint64_t> shape) {
+  const DtypeInfo& row = dtype_info(d);
+  std::vector<std::uint64_t> out(shape.begin(), shape.end());
+  if (row.torch_pack == 1) return out;
+  if (out.empty() || out.back() % row.torch_pack != 0) {
+    return Error::invalid_argument(
+        "", "cannot represent an " + std::string(row.code) + " tensor of shape " + shape_text(shape) + " as torch." +
+                std::string(row.torch_name) + ", which packs " + std::to_string(row.torch_pack) +
+                " values per element of the last dimension (it must be " +
+                (row.torch_pack == 2 ? std::string("even)") : "a multiple of " + std::to_string(row.torch_pack) + ")"));
+  }
+  out.back() /= row.torch_pack;
+  return out;
+}
+
+Result<std::vector<std::uint64_t>> header_shape(Dtype d, std::span<const std::uint64_t> shape) {
+  const DtypeInfo& row = dtype_info(d);
+  std::vector<std::uint64_t> out(shape.begin(), shape.end());
+  if (row.torch_pack == 1) return out;
+  if (out.empty()) {
+    return Error::invalid_argument(
+        "", "a torch." + std::string(row.torch_name) + " scalar packs " + std::to_string(row.torch_pack) +
+                " values, which the format can only store with a shape (reshape it to (1,))");
+  }
+  if (out.back() > std::numeric_limits<std::uint64_t>::max() / row.torch_pack) {
+    return Error::invalid_argument("", "a torch." + std::string(row.torch_name) + " last dimension of " +
+                                           std::to_string(out.back()) + " is too large to unpack");
+  }
+  out.back() *= row.torch_pack;
+  return out;
 }
 
 }  // namespace safetensors

@@ -16,14 +16,14 @@
 #include "header.h"
 #include "parallel.h"
 #include "quote.h"
-#include "read_pieces.h"
+#include "read_chunks.h"
 
 namespace safetensors {
 
 using internal::kReadChunk;
 using internal::quote;
 using internal::read_of;
-using internal::ReadPiece;
+using internal::ReadChunk;
 
 struct File::State {
   std::shared_ptr<const Source> source;
@@ -217,14 +217,14 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   const std::uint64_t base = data_offset() + tensor.begin;
   if (plan.run_length() > kReadChunk) {
     // Long runs (blocks of rows) are few: they are read like read_many's tensors, in kReadChunk pieces.
-    std::vector<ReadPiece> pieces;
+    std::vector<ReadChunk> pieces;
     plan.for_each_run([&](const SliceRun& r) {
       // Runs of a multi-byte dtype hold whole elements, so the pieces hold whole swap units.
       internal::split_read(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), tensor.name,
                            host_swap_bytes(tensor.dtype), &pieces);
       return true;
     });
-    return internal::read_pieces(pieces, plan.nbytes(), 0);
+    return internal::read_chunks(pieces, plan.nbytes(), 0);
   }
   // Otherwise the runs are split into pieces of consecutive runs that cover about kSlicePiece bytes of the
   // source each; slices over a large span are read by a few threads, a piece at a time (a column slice
@@ -319,7 +319,7 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
 }
 
 Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
-  std::vector<ReadPiece> pieces;
+  std::vector<ReadChunk> pieces;
   std::uint64_t total = 0;
   for (const ReadRequest& r : requests) {
     if (r.tensor == nullptr || r.dst.size() != r.tensor->nbytes()) {
@@ -330,7 +330,7 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
                          host_swap_bytes(r.tensor->dtype), &pieces);
     total += r.dst.size();
   }
-  return internal::read_pieces(pieces, total, threads);
+  return internal::read_chunks(pieces, total, threads);
 }
 
 void advise_fresh_destination(std::span<std::byte> dst) {
@@ -365,9 +365,9 @@ Status File::read_range(std::uint64_t offset, std::span<std::byte> dst, unsigned
                                                std::to_string(dst.size()) + ") is outside the " +
                                                std::to_string(data_size) + "-byte data buffer");
   }
-  std::vector<ReadPiece> pieces;
+  std::vector<ReadChunk> pieces;
   internal::split_read(*state_->source, data_offset() + offset, dst, {}, 0, &pieces);
-  return internal::read_pieces(pieces, dst.size(), threads);
+  return internal::read_chunks(pieces, dst.size(), threads);
 }
 
 }  // namespace safetensors

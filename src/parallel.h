@@ -15,37 +15,37 @@
 
 namespace safetensors::internal {
 
-// Threads for `total_bytes` of I/O in pieces of `piece_bytes`: one per piece, at most the hardware's and 8.
-inline unsigned default_threads(std::uint64_t total_bytes, std::uint64_t piece_bytes) {
+// Threads for `total_bytes` of I/O in chunks of `chunk_bytes`: one per chunk, at most the hardware's and 8.
+inline unsigned default_threads(std::uint64_t total_bytes, std::uint64_t chunk_bytes) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  return std::min<unsigned>({hw, 8u, static_cast<unsigned>(total_bytes / piece_bytes) + 1});
+  return std::min<unsigned>({hw, 8u, static_cast<unsigned>(total_bytes / chunk_bytes) + 1});
 }
 
-// How many pieces ahead of the one being read a reader hints the kernel to fetch (Source::prefetch), so a
+// How many chunks ahead of the one being read a reader hints the kernel to fetch (Source::prefetch), so a
 // cold read keeps the device busy: several threads reading one descriptor at interleaved offsets defeat the
 // kernel's per-descriptor sequential readahead, and a 2 GiB cold read on 2 threads took 7-9 s without the
-// hint and 1.4-2.8 s with it (a standalone pread program on this 2-core VM, 8 MiB pieces; warm reads
-// unchanged). Four 8 MiB pieces keep about 32 MiB in flight.
-inline constexpr std::size_t kReadaheadPieces = 4;
+// hint and 1.4-2.8 s with it (a standalone pread program on this 2-core VM, 8 MiB chunks; warm reads
+// unchanged). Four 8 MiB chunks keep about 32 MiB in flight.
+inline constexpr std::size_t kReadaheadChunks = 4;
 
-// The readahead schedule over `count` pieces read in order, for the reader that has just taken piece `i`:
-// the taker of piece 0 hints pieces [0, kReadaheadPieces), and the taker of piece i hints piece
-// i + kReadaheadPieces, so that many pieces stay hinted ahead of the readers. Calls hint(k) for each piece k.
+// The readahead schedule over `count` chunks read in order, for the reader that has just taken chunk `i`:
+// the taker of chunk 0 hints chunks [0, kReadaheadChunks), and the taker of chunk i hints chunk
+// i + kReadaheadChunks, so that many chunks stay hinted ahead of the readers. Calls hint(k) for each chunk k.
 template <typename Hint>
 void hint_ahead(std::size_t i, std::size_t count, Hint&& hint) {
   if (i == 0) {
-    for (std::size_t k = 0; k < std::min(count, kReadaheadPieces); ++k) hint(k);
+    for (std::size_t k = 0; k < std::min(count, kReadaheadChunks); ++k) hint(k);
   }
-  if (i + kReadaheadPieces < count) hint(i + kReadaheadPieces);
+  if (i + kReadaheadChunks < count) hint(i + kReadaheadChunks);
 }
 
-// The one piece splitter: calls f(offset, length) for consecutive pieces of at most `piece` bytes covering
-// [0, size), in order. REQUIRES: piece > 0.
+// The one chunk splitter: calls f(offset, length) for consecutive chunks of at most `chunk` bytes covering
+// [0, size), in order. REQUIRES: chunk > 0.
 template <typename F>
-void for_each_piece(std::uint64_t size, std::uint64_t piece, F&& f) {
+void for_each_chunk(std::uint64_t size, std::uint64_t chunk, F&& f) {
   // off + len <= size: the step cannot overflow, even for sizes near 2^64.
   for (std::uint64_t off = 0; off < size;) {
-    const std::uint64_t len = std::min(piece, size - off);
+    const std::uint64_t len = std::min(chunk, size - off);
     f(off, len);
     off += len;
   }

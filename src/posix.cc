@@ -68,7 +68,7 @@ void prefault_for_write(std::span<std::byte> dst) {
   // the destination are not congruent modulo the page size (a tensor's offset in the file against a fresh
   // allocation: nearly always) each fault lands mid-copy: 0.53 s, against 0.44 s congruent. Faulting a step in
   // first with one madvise and then reading it: 0.38-0.39 s whatever the alignment (0.43 s when the whole
-  // 8 MiB piece was populated at once: its zeroed lines had left the cache). Memory already resident costs
+  // 8 MiB chunk was populated at once: its zeroed lines had left the cache). Memory already resident costs
   // the mincore alone (0.166 s either way for the same read into pre-faulted memory, against 0.185 s with a
   // populate every step).
   if (dst.size() < kMinPrefault || !populate_supported()) return;

@@ -15,7 +15,7 @@
 #include "mutex.h"
 #include "parallel.h"
 #include "quote.h"
-#include "read_pieces.h"
+#include "read_chunks.h"
 #include "safetensors/engine.h"
 #include "slab_pool.h"
 

@@ -8,7 +8,7 @@
 
 #include "name_index.h"
 #include "quote.h"
-#include "read_pieces.h"
+#include "read_chunks.h"
 
 namespace safetensors {
 
@@ -172,7 +172,7 @@ Status ShardedFile::read_slice(const TensorInfo& tensor, const SlicePlan& plan, 
 }
 
 Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned threads) const {
-  std::vector<internal::ReadPiece> pieces;
+  std::vector<internal::ReadChunk> chunks;
   std::uint64_t total = 0;
   for (const ReadRequest& r : requests) {
     const std::size_t i = r.tensor == nullptr ? state_->tensors.size() : position_of(*r.tensor);
@@ -189,12 +189,12 @@ Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned th
     }
     // File::open() validated that the tensor lies inside the shard, so this sum cannot overflow.
     internal::split_read(*shard.source(), shard.data_offset() + r.tensor->begin, r.dst, r.tensor->name,
-                         host_swap_bytes(r.tensor->dtype), &pieces);
+                         host_swap_bytes(r.tensor->dtype), &chunks);
     total += r.dst.size();
   }
-  // Pieces are taken in request order, so threads that start together read different tensors -- and, for
+  // Chunks are taken in request order, so threads that start together read different tensors -- and, for
   // requests spread over shards, different files.
-  return internal::read_pieces(pieces, total, threads);
+  return internal::read_chunks(chunks, total, threads);
 }
 
 }  // namespace safetensors

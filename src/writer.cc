@@ -19,32 +19,33 @@
 namespace safetensors {
 namespace {
 
-// Tensor bytes are copied out in pieces of at most this many bytes, by a few threads: copying into the page
+// Tensor bytes are copied out in chunks of at most this many bytes, by a few threads: copying into the page
 // cache or a fresh buffer is CPU work (and page faults) that parallelizes.
 constexpr std::uint64_t kWriteChunk = 8u << 20;
-static_assert(kWriteChunk % 8 == 0, "write pieces must hold whole swap units");
+static_assert(kWriteChunk % 8 == 0, "write chunks must hold whole swap units");
 // A big-endian host swaps native values into scratch memory of at most this many bytes per write call (per
 // thread), then writes the scratch: the caller's memory is never modified.
 constexpr std::uint64_t kSwapScratch = 1u << 20;
 
-struct Piece {
+struct WriteChunk {
   std::size_t input;
   std::uint64_t offset;  // into the tensor
   std::span<const std::byte> bytes;
 };
 
-// The plan's tensors as pieces in file order; *total receives the bytes they hold.
-std::vector<Piece> split_for_write(const WritePlan& plan, std::span<const TensorData> tensors, std::uint64_t* total) {
-  std::vector<Piece> pieces;
+// The plan's tensors as chunks in file order; *total receives the bytes they hold.
+std::vector<WriteChunk> split_for_write(const WritePlan& plan, std::span<const TensorData> tensors,
+                                        std::uint64_t* total) {
+  std::vector<WriteChunk> chunks;
   *total = 0;
   for (const WritePlan::Entry& e : plan.entries()) {
     const std::span<const std::byte> data = tensors[e.input].data;
-    internal::for_each_piece(data.size(), kWriteChunk, [&](std::uint64_t off, std::uint64_t len) {
-      pieces.push_back({e.input, off, data.subspan(off, len)});
+    internal::for_each_chunk(data.size(), kWriteChunk, [&](std::uint64_t off, std::uint64_t len) {
+      chunks.push_back({e.input, off, data.subspan(off, len)});
     });
     *total += data.size();
   }
-  return pieces;
+  return chunks;
 }
 
 }  // namespace
@@ -159,9 +160,9 @@ Status serialize_into(const WritePlan& plan, std::span<const TensorData> tensors
   }
   std::memcpy(out.data(), plan.prefix().data(), plan.prefix().size());
   std::uint64_t total = 0;
-  const std::vector<Piece> pieces = split_for_write(plan, tensors, &total);
-  return internal::run_parallel(pieces.size(), internal::default_threads(total, kWriteChunk), [&](std::size_t i) {
-    const Piece& p = pieces[i];
+  const std::vector<WriteChunk> chunks = split_for_write(plan, tensors, &total);
+  return internal::run_parallel(chunks.size(), internal::default_threads(total, kWriteChunk), [&](std::size_t i) {
+    const WriteChunk& p = chunks[i];
     const WritePlan::Entry& e = plan.entries()[plan.position_of(p.input)];
     // The file's little-endian bytes from native values (a plain copy on a little-endian host).
     byteswap_copy(p.bytes, out.subspan(plan.data_offset() + e.begin + p.offset, p.bytes.size()),
@@ -183,9 +184,9 @@ Status save_file(const std::string& path, std::span<const TensorData> tensors, c
   SAFETENSORS_ASSIGN_OR_RETURN(auto plan, WritePlan::make(tensors, metadata, options.max_header_bytes));
   SAFETENSORS_ASSIGN_OR_RETURN(auto writer, FileWriter::create(path, std::move(plan), options));
   std::uint64_t total = 0;
-  const std::vector<Piece> pieces = split_for_write(writer.plan(), tensors, &total);
-  Status st = internal::run_parallel(pieces.size(), internal::default_threads(total, kWriteChunk), [&](std::size_t i) {
-    return writer.write_part(pieces[i].input, pieces[i].offset, pieces[i].bytes);
+  const std::vector<WriteChunk> chunks = split_for_write(writer.plan(), tensors, &total);
+  Status st = internal::run_parallel(chunks.size(), internal::default_threads(total, kWriteChunk), [&](std::size_t i) {
+    return writer.write_part(chunks[i].input, chunks[i].offset, chunks[i].bytes);
   });
   if (!st.ok()) {
     writer.abandon();

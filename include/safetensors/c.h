@@ -1,5 +1,6 @@
 /* The C API of the safetensors library: a C-callable layer over the C++ API (file.h, writer.h, sharded.h,
-   engine.h).
+   engine.h). This header is longer than the project's 500 lines per file because its length is the API: one
+   declaration per C function with its contract, in one header (src/c_api*.cc implement it).
 
    Conventions, which hold for every function below unless its comment says otherwise:
 

@@ -16,7 +16,9 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
+#include "safetensors/error.h"
 #include "safetensors/export.h"
 
 namespace safetensors {
@@ -156,6 +158,20 @@ SAFETENSORS_EXPORT void byteswap_copy(std::span<const std::byte> src, std::span<
 inline void swap_to_native(Dtype d, std::span<std::byte> bytes) {
   if (host_must_swap(d)) byteswap_units(bytes, host_swap_bytes(d));
 }
+
+// Packed torch types (DtypeInfo::torch_pack > 1: F4 as torch.float4_e2m1fn_x2), the one statement of the
+// rule: a header shape counts values, torch's shape counts its elements, torch_pack values to an element of
+// the last dimension. libtorch.h and the Python binding (safetensors.torch, TensorSpec, numpy's TensorSpecs)
+// convert through these two.
+//
+// torch's shape for a header shape of `d`: the last dimension divided by torch_pack (the shape itself where
+// torch_pack is 1). Errors (kInvalidArgument, no context): no dimension, or a last dimension that is not a
+// multiple of torch_pack.
+SAFETENSORS_EXPORT Result<std::vector<std::uint64_t>> torch_shape(Dtype d, std::span<const std::uint64_t> shape);
+// The header shape for torch's shape of `d`: the last dimension multiplied by torch_pack. Errors
+// (kInvalidArgument, no context): no dimension (a packed scalar has no shape to hold its values), or a last
+// dimension whose product overflows.
+SAFETENSORS_EXPORT Result<std::vector<std::uint64_t>> header_shape(Dtype d, std::span<const std::uint64_t> shape);
 
 // The dtype whose header code is `code` (exact, case-sensitive), or nullopt.
 SAFETENSORS_EXPORT std::optional<Dtype> dtype_from_code(std::string_view code);

@@ -8,7 +8,9 @@
 //
 // This header is the one place that maps dtypes between the library and torch (as torch.py is for Python).
 // It needs libtorch (torch/types.h) and is not compiled into the library itself: include it from code that
-// links torch (find_package(Torch) and target_link_libraries(... safetensors::safetensors torch)).
+// links torch (find_package(Torch) and target_link_libraries(... safetensors::safetensors torch)). Being
+// header-only (the library never links torch), its length is its API: it is longer than the project's 500
+// lines per file for that reason.
 //
 // Loading. On the CPU with the mmap backend, every tensor is a zero-copy view of the file's private
 // (copy-on-write) mapping: writable, never writing the file, and keeping the mapping alive for as long as the
@@ -174,27 +176,18 @@ namespace detail {
 
 inline std::string quoted(std::string_view name) { return "`" + std::string(name) + "`"; }
 
-// The torch sizes of a tensor: its shape, with the last dimension divided by the dtype's torch_pack (F4: two
-// values per byte).
+// The torch sizes of a tensor: torch_shape() of its header shape (F4: two values per element).
 inline Result<std::vector<std::int64_t>> torch_sizes(const File& file, const TensorInfo& t) {
+  Result<std::vector<std::uint64_t>> shape = torch_shape(t.dtype, t.shape);
+  if (!shape.ok())
+    return Error::invalid_argument(file.path(), "tensor " + quoted(t.name) + ": " + shape.error().detail());
   std::vector<std::int64_t> sizes;
-  sizes.reserve(t.shape.size());
-  for (std::uint64_t d : t.shape) {
+  sizes.reserve(shape->size());
+  for (std::uint64_t d : *shape) {
     if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
       return Error::invalid_argument(file.path(), "tensor " + quoted(t.name) + " has a dimension above 2^63");
     }
     sizes.push_back(static_cast<std::int64_t>(d));
-  }
-  const DtypeInfo& row = dtype_info(t.dtype);
-  if (row.torch_pack != 1) {
-    if (sizes.empty() || sizes.back() % row.torch_pack != 0) {
-      return Error::invalid_argument(file.path(),
-                                     "tensor " + quoted(t.name) + ": " + std::string(row.code) + " loads as torch." +
-                                         std::string(row.torch_name) + " (" + std::to_string(row.torch_pack) +
-                                         " values per element), which needs a last dimension that is a multiple of " +
-                                         std::to_string(row.torch_pack));
-    }
-    sizes.back() /= row.torch_pack;
   }
   return sizes;
 }
@@ -515,19 +508,14 @@ inline Status save(const std::string& path, const TensorMap& tensors, const std:
     TensorData d;
     d.name = name;
     d.dtype = *dtype;
-    for (std::int64_t s : cpu->sizes()) d.shape.push_back(static_cast<std::uint64_t>(s));
-    const DtypeInfo& row = dtype_info(d.dtype);
-    if (row.torch_pack != 1) {
-      if (d.shape.empty()) {
-        return bad("is a " + std::string(row.torch_name) + " scalar; " + std::string(row.code) +
-                   " needs at least one dimension");
-      }
-      // The header holds logical values: torch's last dimension times the values packed per element.
-      if (d.shape.back() > std::numeric_limits<std::uint64_t>::max() / row.torch_pack) {
-        return bad("has a last dimension too large to unpack");
-      }
-      d.shape.back() *= row.torch_pack;
+    std::vector<std::uint64_t> sizes;
+    for (std::int64_t s : cpu->sizes()) sizes.push_back(static_cast<std::uint64_t>(s));
+    // The header holds logical values: header_shape() of torch's sizes (F4's last dimension doubled).
+    Result<std::vector<std::uint64_t>> shape = header_shape(d.dtype, sizes);
+    if (!shape.ok()) {
+      return Error::invalid_argument(path, "tensor " + detail::quoted(name) + ": " + shape.error().detail());
     }
+    d.shape = std::move(shape).value();
     d.data = std::span<const std::byte>(static_cast<const std::byte*>(cpu->data_ptr()), cpu->nbytes());
     data.push_back(std::move(d));
   }

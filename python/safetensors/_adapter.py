@@ -1,20 +1,127 @@
-"""What every framework module exports, made from its adapter: ``save``, ``save_file``, ``load``, ``load_file``.
+"""What a framework module (``safetensors/numpy.py``, ``torch.py``, ...) is made of: the ``Framework`` base its
+adapter subclasses -- how the framework builds and unpacks tensors -- and the one implementation of the four
+functions every framework module writes out with the reference's parameter names: ``save``, ``save_file``,
+``load`` and ``load_file``, each a ``def`` of a few lines in its module that calls the function of the same
+name here.
 
-The modules differ only in what they declare: the adapter (how tensors are built, which devices it takes), how a
-dict of its tensors is flattened for the writer, its tensor type, the spelling of the first parameter
-(``tensor_dict`` in numpy, ``tensors`` elsewhere) and which functions take a ``device``. Parameter names are
-part of the reference's API (callers pass them by keyword), so each function is compiled from a short template,
-the way ``dataclasses`` builds ``__init__``: a real signature, Python's own argument errors, no forwarding of
-``*args``.
+A new framework is a module ``safetensors/<name>.py`` with a ``Framework`` subclass as its ``FRAMEWORK`` (a
+framework whose tensors are built from numpy arrays subclasses ``_numpy_bridge.NumpyBridged`` instead), its
+names in ``_safe_open.FRAMEWORK_MODULES``, and those four ``def``s.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, FrozenSet, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ._core import Flattened, Framework, load_file_as, open_bytes, PathLike, serialize_flat, serialize_flat_file
+from . import _safetensors_cpp as _cpp
+from ._core import Flattened, PathLike, SafetensorError, gc_paused, open_bytes, serialize_flat, serialize_flat_file
+from ._safe_open import safe_open
+from ._strategies import load_copies
 
-__all__ = ["SaveLoad", "from_numpy_in_place", "non_contiguous_message", "save_load_functions"]
+__all__ = ["Framework", "from_numpy_in_place", "load", "load_file", "non_contiguous_message", "save", "save_file"]
+
+
+class Framework:
+    """How one framework builds and unpacks tensors: the primitives below. Which of them a load uses -- the
+    loading strategy (zero-copy view, owned read, parallel read, staged to a device, meta) -- is chosen in
+    one place, ``_strategies.py``, for every framework."""
+
+    #: Name used in messages, as the reference spells it.
+    name = "framework"
+    #: Builds from DLPack capsules (from_dlpack, reinterpret, bytes_dtype) rather than from memoryviews (view).
+    dlpack = False
+    #: The dtype of a tensor exported as its bytes (a DLPack adapter's uint8).
+    bytes_dtype: Any = None
+    #: Whether to_device must run on CPU tensors too: set for adapters that build from memoryviews and whose
+    #: to_device turns the host arrays into their own tensors (flax, tensorflow, mlx, paddle).
+    wraps = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.wraps = not cls.dlpack and cls.to_device is not Framework.to_device
+
+    # -- devices -------------------------------------------------------------------------------------
+    def resolve_device(self, device: Any) -> Any:
+        """The device tensors are delivered to; only the CPU unless a framework overrides this."""
+        from ._devices import parse_reference_device
+
+        spec = parse_reference_device(device)
+        if spec != "cpu":
+            # Spelled as the reference spells it: a bare type gets ":0", except mps, which has no index.
+            kind, _, index = spec.partition(":")
+            name = spec if kind.isdigit() else "mps" if kind == "mps" else f"{kind}:{index or 0}"
+            raise SafetensorError(f"Device {name} is not supported for framework {self.name}")
+        return "cpu"
+
+    def is_cpu(self, device: Any) -> bool:
+        return device == "cpu"
+
+    def is_meta(self, device: Any) -> bool:
+        return False
+
+    def stages(self, device: Any) -> bool:
+        """True where loads onto ``device`` go through ``stage`` (the loading engine)."""
+        return False
+
+    #: Whether slices selecting whole rows of the first dimension go through ``stage`` too.
+    stages_rows = False
+
+    def selects(self, code: str, shape: Tuple[int, ...]) -> bool:
+        """Whether a selection inside staged rows of this tensor can be made on the device (``select``)."""
+        return False
+
+    def select(self, rows: Any, index: tuple) -> Any:
+        """``rows[index]`` on the device, in memory of its own (where ``selects``)."""
+        raise NotImplementedError
+
+    # -- primitives ------------------------------------------------------------------------------------
+    def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> Any:
+        """A CPU tensor over ``buffer`` without copying (it keeps the buffer alive)."""
+        raise NotImplementedError
+
+    def from_dlpack(self, capsule: Any) -> Any:
+        """A CPU tensor over a DLPack capsule (dlpack adapters)."""
+        raise NotImplementedError
+
+    def reinterpret(self, tensor: Any, code: str, shape: Tuple[int, ...]) -> Any:
+        """A tensor exported as its bytes (``bytes_dtype``, 1-d) as the tensor of ``code`` and ``shape``."""
+        raise NotImplementedError
+
+    def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[Any, int]:
+        """A new CPU tensor to read into, and the address of its first byte."""
+        raise NotImplementedError
+
+    def meta(self, code: str, shape: Tuple[int, ...], device: Any) -> Any:
+        raise NotImplementedError
+
+    def finish(self, tensor: Any, code: str, shape: Tuple[int, ...]) -> Any:
+        """Turns a destination filled by a read (see ``empty``) into the tensor of ``shape``."""
+        return tensor
+
+    def to_device(self, tensor: Any, device: Any) -> Any:
+        return tensor
+
+    def stage(self, file: "_cpp.File", infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]],
+              device: Any) -> Dict[str, Any]:
+        """Every tensor of ``infos`` allocated on ``device`` and filled there (where ``stages(device)``)."""
+        raise NotImplementedError
+
+    def reshape(self, tensor: Any, shape: Tuple[int, ...]) -> Any:
+        return tensor.reshape(shape)
+
+    def stack(self, tensors: List[Any], axis: int) -> Any:
+        raise NotImplementedError
+
+    def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
+        """The reference's text for an index our slicer refused (None where the reference accepts it)."""
+        from ._slice_errors import rust_indexer_error
+
+        return rust_indexer_error(index, shape)
+
+    def load_copies(self, file: "_cpp.File", device: Any = "cpu") -> Dict[str, Any]:
+        """Every tensor of ``file`` copied into memory of its own, on ``device`` (for ``load(bytes)``)."""
+        with gc_paused():
+            return load_copies(self, file, self.resolve_device(device))
 
 
 def non_contiguous_message(name: str) -> str:
@@ -27,102 +134,36 @@ def non_contiguous_message(name: str) -> str:
     )
 
 
-class SaveLoad(NamedTuple):
-    save: Callable[..., bytes]
-    save_file: Callable[..., None]
-    load: Callable[..., Dict[str, Any]]
-    load_file: Callable[..., Dict[str, Any]]
+# -- the four functions ---------------------------------------------------------------------------------------
+# ``flatten`` is the module's check-and-describe step for saving: a dict of its tensors -> ``(specs, keep_alive)``
+# (see _core.serialize_flat); its errors are the save errors.
+
+def save(flatten: Callable[[Any], Flattened], tensors: Any, metadata: Optional[Mapping[str, str]]) -> bytes:
+    """The bytes of a safetensors file holding ``tensors``."""
+    return serialize_flat(flatten(tensors), metadata)
 
 
-# {t}: the tensors parameter; {d}: ", device='cpu'" where the function takes a device; {dv}: the device passed on.
-_TEMPLATES = {
-    "save": "def save({t}, metadata=None):\n"
-            "    return serialize_flat(flatten({t}), metadata)\n",
-    "save_file": "def save_file({t}, filename, metadata=None, *, fsync=False):\n"
-                 "    serialize_flat_file(flatten({t}), filename, metadata, fsync)\n",
-    "load": "def load(data{d}):\n"
-            "    return adapter.load_copies(open_bytes(data), {dv})\n",
-    "load_file": "def load_file(filename{d}, *, backend='mmap'):\n"
-                 "    return load_file_as(framework, filename, {dv}, backend)\n",
-}
-
-_DOCS = {
-    "save": "The bytes of a safetensors file holding ``{t}`` (a dict of {what} by name).",
-    "save_file": "Writes ``{t}`` (a dict of {what} by name) to ``filename`` atomically: a temporary file in the same "
-                 "directory, renamed over it, each tensor streamed from its own memory. ``fsync=True`` also makes "
-                 "the new file durable before returning.",
-    "load": "Every tensor of the file in ``data``{on}, in memory of its own.",
-    "load_file": "Every tensor of ``filename``{on}, in file order. ``backend``: ``\"mmap\"`` maps the file (CPU "
-                 "tensors are copy-on-write views of the mapping where the framework can wrap memory) or "
-                 "``\"pread\"`` (positional reads into memory of their own).",
-}
+def save_file(flatten: Callable[[Any], Flattened], tensors: Any, filename: PathLike,
+              metadata: Optional[Mapping[str, str]], fsync: bool) -> None:
+    """Writes ``tensors`` to ``filename`` atomically: a temporary file in the same directory, renamed over it,
+    each tensor streamed from its own memory; ``fsync`` also makes the new file durable before returning."""
+    serialize_flat_file(flatten(tensors), filename, metadata, fsync)
 
 
-def save_load_functions(
-    module: str,
-    framework: str,
-    adapter: Framework,
-    flatten: Callable[[Dict[str, Any]], Flattened],
-    tensor_type: Any,
-    type_name: str,
-    *,
-    tensors: str = "tensors",
-    with_device: FrozenSet[str] = frozenset(),
-) -> SaveLoad:
-    """The four functions of ``module`` (its ``__name__``).
-
-    Args:
-        framework: the name ``safe_open`` takes (``"np"``, ``"flax"``, ...), for ``load_file``.
-        adapter: the module's ``Framework``; ``load`` reads through its ``load_copies``.
-        flatten: checks a dict of tensors for saving and describes it (``(specs, keep_alive)``, see
-            ``serialize_flat``); its errors are the save errors.
-        tensor_type: the framework's tensor type, for the annotations; ``type_name`` spells it for the docs.
-        tensors: the name of ``save``'s and ``save_file``'s first parameter.
-        with_device: the functions (``"load"``, ``"load_file"``) that take ``device="cpu"`` after their first
-            parameter.
-    """
-    namespace: Dict[str, Any] = {
-        "adapter": adapter,
-        "flatten": flatten,
-        "framework": framework,
-        "load_file_as": load_file_as,
-        "open_bytes": open_bytes,
-        "serialize_flat": serialize_flat,
-        "serialize_flat_file": serialize_flat_file,
-    }
-    what = f"``{type_name}``"
-    tensor_dict = Dict[str, tensor_type]
-    annotations = {
-        "save": {tensors: tensor_dict, "metadata": Optional[Dict[str, str]], "return": bytes},
-        "save_file": {tensors: tensor_dict, "filename": PathLike, "metadata": Optional[Dict[str, str]],
-                      "fsync": bool, "return": None},
-        "load": {"data": bytes, "return": tensor_dict},
-        "load_file": {"filename": PathLike, "backend": str, "return": tensor_dict},
-    }
-    functions = {}
-    for name, template in _TEMPLATES.items():
-        device = name in with_device
-        code = template.format(t=tensors, d=", device='cpu'" if device else "", dv="device" if device else "'cpu'")
-        exec(compile(code, f"<{module}.{name}>", "exec"), namespace)
-        function = namespace.pop(name)
-        function.__module__ = module
-        function.__qualname__ = name
-        function.__doc__ = _DOCS[name].format(t=tensors, what=what, on=" on ``device``" if device else "")
-        function.__annotations__ = dict(annotations[name], **({"device": Any} if device else {}))
-        functions[name] = function
-    return SaveLoad(**functions)
+def load(framework: Framework, data: Any, device: Any) -> Dict[str, Any]:
+    """Every tensor of the file in ``data`` (a bytes-like object), on ``device``, in memory of its own."""
+    return framework.load_copies(open_bytes(data), device)
 
 
-def from_numpy_in_place(module: str, name: str, adapter: Framework) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
-    """The reference's ``_np2<framework>(numpy_dict)`` helper of ``module``: replaces each array of the dict by
-    the adapter's tensor of it, in place, and returns the dict."""
+def load_file(framework: str, filename: PathLike, device: Any, backend: str) -> Dict[str, Any]:
+    """Every tensor of ``filename`` for ``framework`` (a ``safe_open`` name), on ``device``, in file order."""
+    with safe_open(filename, framework=framework, device=device, backend=backend) as f:
+        return f.get_tensors()
 
-    def convert(numpy_dict: Dict[str, Any]) -> Dict[str, Any]:
-        for key, value in numpy_dict.items():
-            numpy_dict[key] = adapter.to_device(value, "cpu")
-        return numpy_dict
 
-    convert.__module__, convert.__name__, convert.__qualname__ = module, name, name
-    convert.__doc__ = (f"Replaces each array of ``numpy_dict`` by its {adapter.name} tensor, in place (as the "
-                       "reference does); returns the dict.")
-    return convert
+def from_numpy_in_place(framework: Framework, numpy_dict: Dict[str, Any]) -> Dict[str, Any]:
+    """The reference's ``_np2<framework>(numpy_dict)``: replaces each array of the dict by ``framework``'s CPU
+    tensor of it, in place, and returns the dict."""
+    for key, value in numpy_dict.items():
+        numpy_dict[key] = framework.to_device(value, "cpu")
+    return numpy_dict

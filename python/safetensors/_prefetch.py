@@ -4,9 +4,9 @@ The reference loads to CUDA only; this loads to every device torch knows with th
 (tensors in memory of their own), ``cuda``, ``npu``, ``xpu``, any PrivateUse1 backend, and ``meta``.
 
 A plan names tensors, whole or as rows ``[start, stop)`` of the first dimension (a contiguous byte range of
-the file). Every planned piece is validated before anything is read or allocated. Then:
-
-Both run on the C++ loading engine (``_engine.py`` over include/safetensors/engine.h):
+the file). Every planned piece is validated before anything is read or allocated (``plan_pieces``, which the
+distributed loader's plans go through too). Then the C++ loading engine (``_engine.py`` over
+include/safetensors/engine.h) fills them:
 
 - to the CPU, its ``threads`` reader threads write each piece straight into a fresh tensor (positional reads,
   no staging copy), and a piece lands as soon as its bytes are in;
@@ -21,55 +21,70 @@ Each piece is its own allocation: it is freed once taken and dropped; pieces not
 from __future__ import annotations
 
 import collections
+import operator
 import threading
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError
 
-Piece = Tuple[str, Tuple[int, ...], int, int]  # (code, shape, begin, end) in data-buffer offsets
+__all__ = ["Piece", "PrefetchLoader", "TensorStream", "checked_plan", "plan_pieces"]
+
+#: A piece: a tensor's byte range in a load plan (engine.h's Piece) -- the whole tensor, or rows [start, stop)
+#: of its first dimension -- as (code, shape, begin, end): the shape of what it holds, data-buffer offsets.
+Piece = Tuple[str, Tuple[int, ...], int, int]
 
 
-def plan_pieces(reader: Any, plan: Optional[Dict[str, Any]]) -> List[Tuple[str, Piece]]:
-    """The planned pieces in file order; every error of the plan is raised here, before any I/O."""
-    from ._core import DTYPES
-    from .torch import _torch_dtype, _torch_shape
+def checked_plan(plan: Any) -> Dict[str, Optional[slice]]:
+    """``plan`` (``{name: None | slice}``) as a dict, its keys and values checked: the one set of texts for
+    every plan (prefetch, the distributed loader)."""
+    if not isinstance(plan, Mapping):
+        raise SafetensorError(f"prefetch plan must be a dict of tensor names to None or a slice, got "
+                              f"{type(plan).__name__}")
+    chosen: Dict[str, Optional[slice]] = {}
+    for name, rows in plan.items():
+        if not isinstance(name, str):
+            raise SafetensorError("prefetch plan keys must be tensor names")
+        if rows is not None and not isinstance(rows, slice):
+            raise SafetensorError(f"prefetch plan values must be None or a slice, got {type(rows).__name__}")
+        chosen[name] = rows
+    return chosen
 
-    file = reader.file
+
+def plan_pieces(file: Any, plan: Optional[Mapping[str, Optional[slice]]], *, names: Optional[Sequence[str]] = None,
+                empty_ok: bool = False) -> List[Tuple[str, Piece]]:
+    """The pieces ``plan`` names in ``file`` (a ``_safetensors_cpp.File``), in file order, as torch can hold
+    them; every error of the plan is raised here, before any I/O.
+
+    ``plan``: None takes every tensor of ``names`` (default: every tensor of the file) whole; else
+    ``{name: None | slice}``, a slice taking rows ``[start, stop)`` of the first dimension (step 1; negative
+    bounds count from the end; never clamped). A plan that selects nothing is refused unless ``empty_ok``."""
+    from ._torch_types import torch_dtype, torch_shape
+
     if plan is None:
-        chosen: Dict[str, Optional[slice]] = {name: None for name in file.offset_keys()}
+        chosen: Dict[str, Optional[slice]] = dict.fromkeys(file.offset_keys() if names is None else names)
     else:
-        if not isinstance(plan, dict):
-            raise SafetensorError(f"prefetch plan must be a dict of tensor names to None or a slice, got "
-                                  f"{type(plan).__name__}")
-        chosen = {}
-        for name, rows in plan.items():
-            if not isinstance(name, str):
-                raise SafetensorError("prefetch plan keys must be tensor names")
+        chosen = checked_plan(plan)
+        for name in chosen:
             if name not in file:
                 file.info(name)  # the reference's "File does not contain tensor NAME"
-            if rows is not None and not isinstance(rows, slice):
-                raise SafetensorError(f"prefetch plan values must be None or a slice, got {type(rows).__name__}")
-            chosen[name] = rows
-        if not chosen:
+        if not chosen and not empty_ok:
             raise SafetensorError("prefetch plan selects no tensors")
-
     pieces = []
     for name, (code, shape, begin, end) in file.infos():
         if name not in chosen:
             continue
-        if code.startswith("F6_"):
-            raise SafetensorError(f"prefetch cannot hand out dtype {code} (torch has no {code} type): tensor {name}")
+        torch_dtype(code)  # a dtype torch lacks (F6) fails here
         rows = chosen[name]
         if rows is not None:
-            begin, end, shape = _rows(file, name, code, shape, begin, end, rows, DTYPES[code].bits)
-        _torch_shape(code, shape)  # a dtype torch lacks, or packed F4 rows it cannot hold, fail here
-        _torch_dtype(code)
+            begin, end, shape = _rows(file, name, shape, rows)
+        torch_shape(code, shape)  # so do packed F4 rows torch cannot hold
         pieces.append((name, (code, shape, begin, end)))
     return pieces
 
 
-def _rows(file: Any, name: str, code: str, shape: Tuple[int, ...], begin: int, end: int, rows: slice,
-          bits: int) -> Tuple[int, int, Tuple[int, ...]]:
+def _rows(file: Any, name: str, shape: Tuple[int, ...], rows: slice) -> Tuple[int, int, Tuple[int, ...]]:
+    """The data-buffer range and the shape of rows ``rows`` of tensor ``name``."""
     if rows.step is not None and rows.step != 1:
         if rows.step == 0:
             raise SafetensorError(f"invalid prefetch plan slice for {name}: slice step cannot be zero")
@@ -87,18 +102,13 @@ def _rows(file: Any, name: str, code: str, shape: Tuple[int, ...], begin: int, e
             f"prefetch plan slice bounds for {name} are out of range (0..{count}): "
             f"[{rows.start}:{rows.stop}] gives rows {start}..{stop}"
         )
-    # The rows are one contiguous run of bytes; the native planner checks that a packed (sub-byte) type's
-    # rows fall on byte boundaries.
-    file.plan_slice(name, [slice(start, stop)])
-    row_bits = bits
-    for d in shape[1:]:
-        row_bits *= d
-    return begin + start * row_bits // 8, begin + stop * row_bits // 8, (stop - start,) + tuple(shape[1:])
+    # The rows are one contiguous run of bytes (the engine's row_piece, which also refuses packed rows that do
+    # not fall on byte boundaries).
+    begin, end = _cpp.row_piece(file, name, start, stop)
+    return begin, end, (stop - start,) + tuple(shape[1:])
 
 
 def _bound(value: Any, name: str) -> int:
-    import operator
-
     try:
         return operator.index(value)
     except TypeError:
@@ -109,8 +119,8 @@ class PrefetchLoader:
     """The tensors of one file loading in the background, returned by ``safe_open.prefetch``. Each tensor is
     handed out once, by ``take`` or by iterating. Thread-safe; a context manager that closes on exit."""
 
-    def __init__(self, reader: Any, pieces: List[Tuple[str, Piece]], device: Any, threads: int) -> None:
-        self._file = reader.file  # keeps the file open: the loader outlives the handle
+    def __init__(self, file: Any, pieces: List[Tuple[str, Piece]], device: Any, threads: int) -> None:
+        self._file = file  # keeps the file open: the loader outlives the handle
         self._order = [name for name, _ in pieces]
         self._pieces = dict(pieces)
         self._lock = threading.Condition()
@@ -122,12 +132,14 @@ class PrefetchLoader:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._direct: Any = None
+        from ._torch_types import empty
+
         if device.type == "meta":
-            for name, piece in pieces:
-                self._land([name], [_meta(piece, device)])
+            for name, (code, shape, _, _) in pieces:
+                self._land([name], [empty(code, shape, device)])
             return
         # Every destination is allocated now (only the planned bytes); the engine fills them in the background.
-        tensors = [_empty(piece, device) for _, piece in pieces]
+        tensors = [empty(code, shape, device) for _, (code, shape, _, _) in pieces]
         if device.type == "cpu":
             from ._engine import DirectLoad
 
@@ -303,20 +315,3 @@ class TensorStream:
             raise StopIteration
         return item
 
-
-def _empty(piece: Piece, device: Any) -> Any:
-    import torch
-
-    from .torch import _torch_dtype, _torch_shape
-
-    code, shape, _, _ = piece
-    return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)
-
-
-def _meta(piece: Piece, device: Any) -> Any:
-    import torch
-
-    from .torch import _torch_dtype, _torch_shape
-
-    code, shape, _, _ = piece
-    return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)

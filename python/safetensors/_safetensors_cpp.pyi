@@ -183,6 +183,21 @@ def dtype_table() -> list[tuple[str, int, str, int, int | None, int, str, str]]:
     [(code, bits, kind, swap bytes, DLPack code or None, torch pack, torch name, numpy name)] in rank order: the one dtype table (include/safetensors/dtype.h). kind is bool/signed/unsigned/float/complex.
     """
 
+def torch_shape(code: str, shape: Sequence[int]) -> list[int]:
+    """
+    torch's shape for a header shape (a packed type's last dimension divided by its pack); SafetensorError where torch cannot hold it.
+    """
+
+def header_shape(code: str, shape: Sequence[int]) -> list[int]:
+    """
+    The header shape for torch's shape (a packed type's last dimension multiplied by its pack); ValueError for a packed scalar.
+    """
+
+def byteswap(data: Any, width: int) -> None:
+    """
+    Reverses each `width`-byte unit of a writable, contiguous 1-d uint8 CPU buffer in place (a bytearray, a numpy array, a torch tensor), on any host.
+    """
+
 def live_mappings() -> int:
     """Number of file mappings alive in this process (for tests)."""
 

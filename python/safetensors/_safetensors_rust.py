@@ -1,11 +1,14 @@
 """The reference's native module by name: code that imports ``safetensors._safetensors_rust`` (for
 ``SafetensorError``, ``safe_open``, ...) gets the same objects as ``safetensors.X``; nothing is implemented here."""
 
-from . import __version__  # noqa: F401
-from . import _core
-from ._core import (  # noqa: F401
+from . import (  # noqa: F401
+    PrefetchLoader,
+    PySafeSlice,
     SafetensorError,
+    TensorMeta,
     TensorSpec,
+    TensorStream,
+    __version__,
     _safe_open_handle,
     deserialize,
     safe_open,
@@ -22,11 +25,8 @@ __all__ = [
     "_safe_open_handle",
     "SafetensorError",
     "__version__",
+    "TensorMeta",
+    "PySafeSlice",
+    "PrefetchLoader",
+    "TensorStream",
 ]
-
-# The 0.9.0rc1 names, from _core as it provides them.
-for _name in ("TensorMeta", "PySafeSlice", "PrefetchLoader", "TensorStream"):
-    if hasattr(_core, _name):
-        globals()[_name] = getattr(_core, _name)
-        __all__.append(_name)
-del _name, _core

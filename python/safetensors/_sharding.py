@@ -18,7 +18,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError
@@ -30,7 +30,6 @@ __all__ = [
     "Shard",
     "format_size",
     "parse_size",
-    "plan_shards",
     "read_index",
     "resolve",
 ]
@@ -119,14 +118,7 @@ def format_size(nbytes: int) -> str:
     return f"{value:.1f} {unit}"
 
 
-# -- the shard plan and the index (the C++ library's) -----------------------------------------------------
-
-def plan_shards(sizes: Sequence[Tuple[str, int]], max_shard_bytes: int, prefix: str = "model") -> "_cpp.ShardPlan":
-    """The C++ split of ``[(name, nbytes)]`` (huggingface_hub's: tensors in order fill a shard, closed when the
-    next would overflow it; a tensor over the limit is a shard of its own), with shard file names and the
-    index text. No tensors give no shards, as in huggingface_hub."""
-    return _cpp.plan_shards(list(sizes), max_shard_bytes, prefix)
-
+# -- the index (the C++ library's) -----------------------------------------------------------------------
 
 def read_index(path: str) -> "_cpp.ShardIndex":
     """The parsed, validated index at ``path``. Raises IndexFormatError (the library's message, naming

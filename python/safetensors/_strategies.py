@@ -21,7 +21,7 @@ Slices read only the bytes they select (File.read_slice into ``adapter.empty``) 
 meta; under the staged one, adapters with ``stages_rows`` stream whole rows of the first dimension through the
 engine.
 
-An adapter (``_core.Framework``) supplies only construction primitives, and declares which kind of export it
+An adapter (``_adapter.Framework``) supplies only construction primitives, and declares which kind of export it
 builds from: ``dlpack = True`` -- ``from_dlpack(capsule)``, and ``reinterpret(tensor, code, shape)`` for the
 dtypes DLPack has no code for, which arrive as their bytes (``bytes_dtype``); ``dlpack = False`` --
 ``view(memoryview, code, shape)``, a host array that ``to_device`` turns into the framework's tensor.
@@ -99,6 +99,10 @@ class _Reader:
             if text is None:
                 raise
             raise _cpp.SafetensorSliceError(text) from e
+
+
+#: The reader under the name the modules that open files use (safe_open).
+Reader = _Reader
 
 
 # -- building from exports ------------------------------------------------------------------------------------

@@ -8,23 +8,23 @@ counterparts, exactly as ``jnp.asarray`` would convert them.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._adapter import from_numpy_in_place, save_load_functions
-from ._core import DTYPES
+from . import _adapter
+from ._core import DTYPES, PathLike
+from ._numpy_bridge import NumpyBridged, codes_where, flatten_specs
 # Names the reference's module also offers (other projects import them from here).
-from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
-from .numpy import _Converted, _flatten_specs, codes_where
+from ._safe_open import safe_open  # noqa: F401
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
 
-class _Flax(_Converted):
+class _Flax(NumpyBridged):
     name = "flax"
     label = "jax"
     # The numpy types jax names, less the 6-bit floats: jax names them, but XLA has no primitive type to place
@@ -35,7 +35,8 @@ class _Flax(_Converted):
         return jnp.asarray(tensor)
 
 
-_ADAPTER = _Flax()
+#: How ``safe_open(framework="flax")`` builds arrays.
+FRAMEWORK = _Flax()
 
 
 def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
@@ -47,7 +48,7 @@ def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
 
 
 def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]:
-    return _flatten_specs(_to_numpy(tensors))
+    return flatten_specs(_to_numpy(tensors))
 
 
 def _jnp2np(jnp_dict: Dict[str, jax.Array]) -> Dict[str, np.ndarray]:
@@ -58,5 +59,29 @@ def _jnp2np(jnp_dict: Dict[str, jax.Array]) -> Dict[str, np.ndarray]:
     return jnp_dict
 
 
-_np2jnp = from_numpy_in_place(__name__, "_np2jnp", _ADAPTER)
-save, save_file, load, load_file = save_load_functions(__name__, "flax", _ADAPTER, _save_specs, jax.Array, "jax.Array")
+def _np2jnp(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
+    """Replaces each array of ``numpy_dict`` by its jax array, in place (as the reference does); returns the
+    dict."""
+    return _adapter.from_numpy_in_place(FRAMEWORK, numpy_dict)
+
+
+def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors`` (a dict of ``jax.Array`` by name)."""
+    return _adapter.save(_save_specs, tensors, metadata)
+
+
+def save_file(tensors: Dict[str, jax.Array], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
+              fsync: bool = False) -> None:
+    """Writes ``tensors`` (a dict of ``jax.Array`` by name) to ``filename`` atomically: a temporary file in
+    the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
+    _adapter.save_file(_save_specs, tensors, filename, metadata, fsync)
+
+
+def load(data: bytes) -> Dict[str, jax.Array]:
+    """Every tensor of the file in ``data``, in memory of its own."""
+    return _adapter.load(FRAMEWORK, data, "cpu")
+
+
+def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, jax.Array]:
+    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    return _adapter.load_file("flax", filename, "cpu", backend)

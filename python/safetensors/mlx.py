@@ -7,17 +7,18 @@ only) so that a round trip is exact; ``mx.array`` on its own would make it float
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import ml_dtypes
 import mlx.core as mx
 import numpy as np
 
-from ._adapter import from_numpy_in_place, save_load_functions
+from . import _adapter
+from ._core import PathLike
+from ._numpy_bridge import NumpyBridged, codes_where, flatten_specs
 # Names the reference's module also offers (other projects import them from here).
-from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
-from .numpy import _Converted, _flatten_specs, codes_where
+from ._safe_open import safe_open  # noqa: F401
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -29,7 +30,7 @@ def _has_dtype(code: str, dtype: np.dtype) -> bool:
     return isinstance(getattr(mx, dtype.name, None) or getattr(mx, f"{dtype.name}_", None), mx.Dtype)
 
 
-class _Mlx(_Converted):
+class _Mlx(NumpyBridged):
     name = "mlx"
     label = "mlx"
     codes = codes_where(_has_dtype)
@@ -42,7 +43,8 @@ class _Mlx(_Converted):
         return mx.array(tensor)
 
 
-_ADAPTER = _Mlx()
+#: How ``safe_open(framework="mlx")`` builds arrays.
+FRAMEWORK = _Mlx()
 
 
 def _host(value: Any) -> np.ndarray:
@@ -62,8 +64,32 @@ def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]
     ``np.asarray`` takes is accepted, as with the reference."""
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, mx.array] but received {type(tensors)}")
-    return _flatten_specs(_mx2np(tensors))
+    return flatten_specs(_mx2np(tensors))
 
 
-_np2mx = from_numpy_in_place(__name__, "_np2mx", _ADAPTER)
-save, save_file, load, load_file = save_load_functions(__name__, "mlx", _ADAPTER, _save_specs, mx.array, "mx.array")
+def _np2mx(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, mx.array]:
+    """Replaces each array of ``numpy_dict`` by its MLX array, in place (as the reference does); returns the
+    dict."""
+    return _adapter.from_numpy_in_place(FRAMEWORK, numpy_dict)
+
+
+def save(tensors: Dict[str, mx.array], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors`` (a dict of ``mx.array`` by name)."""
+    return _adapter.save(_save_specs, tensors, metadata)
+
+
+def save_file(tensors: Dict[str, mx.array], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
+              fsync: bool = False) -> None:
+    """Writes ``tensors`` (a dict of ``mx.array`` by name) to ``filename`` atomically: a temporary file in
+    the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
+    _adapter.save_file(_save_specs, tensors, filename, metadata, fsync)
+
+
+def load(data: bytes) -> Dict[str, mx.array]:
+    """Every tensor of the file in ``data``, in memory of its own."""
+    return _adapter.load(FRAMEWORK, data, "cpu")
+
+
+def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, mx.array]:
+    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    return _adapter.load_file("mlx", filename, "cpu", backend)

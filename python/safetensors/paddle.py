@@ -15,23 +15,21 @@ tensors raise SafetensorError rather than load as bfloat16.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
 from paddle.utils.dlpack import from_dlpack
 
-from . import _engine
-from ._adapter import non_contiguous_message, save_load_functions
-from ._core import DTYPES, HOST_SWAPS, SafetensorError
+from . import _adapter, _engine
+from ._core import DTYPES, PathLike, SafetensorError
 # Names the reference's module also offers (other projects import them from here).
-from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
-from ._core import to_little_endian
+from ._core import TensorSpec, deserialize, serialize, serialize_file  # noqa: F401
 from . import numpy  # noqa: F401
 from ._devices import PADDLE, resolve_device
-from .numpy import _CODES as _NUMPY_CODES
-from .numpy import _Converted
+from ._numpy_bridge import CODES as NUMPY_CODES
+from ._numpy_bridge import NumpyBridged, little_endian_bytes
+from ._safe_open import safe_open  # noqa: F401
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -62,7 +60,7 @@ def _getdtype(dtype_str: str) -> Any:
 
 def _from_numpy(array: np.ndarray) -> paddle.Tensor:
     """The paddle CPU tensor over ``array``'s memory (DLPack keeps ``array`` alive)."""
-    code = _NUMPY_CODES[array.dtype]
+    code = NUMPY_CODES[array.dtype]
     target = _TYPES[code]
     carrier = _CARRIERS.get(code)
     tensor = from_dlpack(array.view(carrier) if carrier is not None else array)
@@ -153,7 +151,7 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
     jobs = []
     for _name, (code, _shape, begin, end) in infos:
         if code not in _TYPES:
-            raise SafetensorError(_ADAPTER.refusal(code))
+            raise SafetensorError(FRAMEWORK.refusal(code))
         buffer = paddle.empty([end - begin], dtype=paddle.uint8, device=place)
         buffers.append(buffer)
         jobs.append((buffer, begin, end))
@@ -167,7 +165,7 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
 
 # -- the framework adapter ----------------------------------------------------------------------------------
 
-class _Paddle(_Converted):
+class _Paddle(NumpyBridged):
     name = "paddle"
     label = "paddle"
     codes = frozenset(_TYPES)
@@ -195,7 +193,8 @@ class _Paddle(_Converted):
         return _staged_load(file, [(name, info) for name, info in infos if _staged(info)], device)
 
 
-_ADAPTER = _Paddle()
+#: How ``safe_open(framework="paddle")`` builds tensors.
+FRAMEWORK = _Paddle()
 
 
 # -- saving ------------------------------------------------------------------------------------------------
@@ -206,18 +205,14 @@ def _to_ndarray(tensor: paddle.Tensor, name: str) -> Tuple[np.ndarray, Any]:
     copied to the CPU first; a tensor without memory gives ``(np.empty(0), 0)``. ValueError when the tensor is
     not contiguous."""
     if not tensor.is_contiguous():
-        raise ValueError(non_contiguous_message(name))
+        raise ValueError(_adapter.non_contiguous_message(name))
     if not tensor.place.is_cpu_place():
         tensor = tensor.cpu()
     ptr = tensor.data_ptr()
     if ptr == 0:
         return np.empty(0), 0
     nbytes = int(np.prod(tensor.shape, dtype=np.int64)) * _SIZE[tensor.dtype]
-    data = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8)
-    code = _CODES[tensor.dtype]
-    if code in HOST_SWAPS:  # the file's little-endian bytes, in a copy: the tensor is left as it is
-        data = np.frombuffer(to_little_endian(data, code), dtype=np.uint8)
-    return data, tensor
+    return little_endian_bytes(ptr, nbytes, _CODES[tensor.dtype]), tensor
 
 
 def _flatten(tensors: Dict[str, paddle.Tensor], keep_alive_buffer: List) -> Dict[str, TensorSpec]:
@@ -243,7 +238,7 @@ def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List
     keep_alive = []
     for name, value in tensors.items():
         if not value.is_contiguous():
-            raise ValueError(non_contiguous_message(name))
+            raise ValueError(_adapter.non_contiguous_message(name))
         code = _CODES.get(value.dtype)
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
@@ -262,7 +257,7 @@ def _view2paddle(safeview: List[Tuple[str, Dict[str, Any]]], device: Any) -> Dic
     """``deserialize`` output to ``{name: tensor}`` on ``device``; CPU tensors share the memory of their
     ``data``."""
     place = _resolve(device)
-    return {name: _ADAPTER.to_device(_ADAPTER.view(v["data"], v["dtype"], tuple(v["shape"])), place) for name, v in safeview}
+    return {name: FRAMEWORK.to_device(FRAMEWORK.view(v["data"], v["dtype"], tuple(v["shape"])), place) for name, v in safeview}
 
 
 def _np2paddle(numpy_dict: Dict[str, np.ndarray], device: Any = "cpu") -> Dict[str, paddle.Tensor]:
@@ -270,7 +265,7 @@ def _np2paddle(numpy_dict: Dict[str, np.ndarray], device: Any = "cpu") -> Dict[s
     (as the reference does); returns the dict."""
     place = _resolve(device)
     for name, value in numpy_dict.items():
-        numpy_dict[name] = _ADAPTER.to_device(np.array(value, order="C", copy=True), place)
+        numpy_dict[name] = FRAMEWORK.to_device(np.array(value, order="C", copy=True), place)
     return numpy_dict
 
 
@@ -282,7 +277,24 @@ def _paddle2np(paddle_dict: Dict[str, paddle.Tensor]) -> Dict[str, np.ndarray]:
     return paddle_dict
 
 
-save, save_file, load, load_file = save_load_functions(
-    __name__, "paddle", _ADAPTER, _flatten_specs, paddle.Tensor, "paddle.Tensor",
-    with_device=frozenset({"load", "load_file"}),
-)
+
+def save(tensors: Dict[str, paddle.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors`` (a dict of ``paddle.Tensor`` by name)."""
+    return _adapter.save(_flatten_specs, tensors, metadata)
+
+
+def save_file(tensors: Dict[str, paddle.Tensor], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
+              fsync: bool = False) -> None:
+    """Writes ``tensors`` (a dict of ``paddle.Tensor`` by name) to ``filename`` atomically: a temporary file in
+    the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
+    _adapter.save_file(_flatten_specs, tensors, filename, metadata, fsync)
+
+
+def load(data: bytes, device: Any = "cpu") -> Dict[str, paddle.Tensor]:
+    """Every tensor of the file in ``data`` on ``device``, in memory of its own."""
+    return _adapter.load(FRAMEWORK, data, device)
+
+
+def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap") -> Dict[str, paddle.Tensor]:
+    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    return _adapter.load_file("paddle", filename, device, backend)

@@ -6,16 +6,17 @@ TensorFlow's own dtypes are) and handed to ``tf.convert_to_tensor``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from ._adapter import from_numpy_in_place, save_load_functions
+from . import _adapter
+from ._core import PathLike
+from ._numpy_bridge import NumpyBridged, codes_where, flatten_specs
 # Names the reference's module also offers (other projects import them from here).
-from ._core import safe_open  # noqa: F401
 from . import numpy  # noqa: F401
-from .numpy import _Converted, _flatten_specs, codes_where
+from ._safe_open import safe_open  # noqa: F401
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -29,7 +30,7 @@ def _has_dtype(code: str, dtype: np.dtype) -> bool:
     return True
 
 
-class _TensorFlow(_Converted):
+class _TensorFlow(NumpyBridged):
     name = "tensorflow"
     label = "tensorflow"
     codes = codes_where(_has_dtype)
@@ -38,7 +39,8 @@ class _TensorFlow(_Converted):
         return tf.convert_to_tensor(tensor)
 
 
-_ADAPTER = _TensorFlow()
+#: How ``safe_open(framework="tf")`` builds tensors.
+FRAMEWORK = _TensorFlow()
 
 
 def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
@@ -61,7 +63,7 @@ def _to_numpy(tensors: Dict[str, Any]) -> Dict[str, np.ndarray]:
 
 
 def _save_specs(tensors: Dict[str, Any]) -> Tuple[List[tuple], List[np.ndarray]]:
-    return _flatten_specs(_to_numpy(tensors))
+    return flatten_specs(_to_numpy(tensors))
 
 
 def _tf2np(tf_dict: Dict[str, tf.Tensor]) -> Dict[str, np.ndarray]:
@@ -72,5 +74,29 @@ def _tf2np(tf_dict: Dict[str, tf.Tensor]) -> Dict[str, np.ndarray]:
     return tf_dict
 
 
-_np2tf = from_numpy_in_place(__name__, "_np2tf", _ADAPTER)
-save, save_file, load, load_file = save_load_functions(__name__, "tf", _ADAPTER, _save_specs, tf.Tensor, "tf.Tensor")
+def _np2tf(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, tf.Tensor]:
+    """Replaces each array of ``numpy_dict`` by its TensorFlow tensor, in place (as the reference does); returns
+    the dict."""
+    return _adapter.from_numpy_in_place(FRAMEWORK, numpy_dict)
+
+
+def save(tensors: Dict[str, tf.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors`` (a dict of ``tf.Tensor`` by name)."""
+    return _adapter.save(_save_specs, tensors, metadata)
+
+
+def save_file(tensors: Dict[str, tf.Tensor], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
+              fsync: bool = False) -> None:
+    """Writes ``tensors`` (a dict of ``tf.Tensor`` by name) to ``filename`` atomically: a temporary file in
+    the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
+    _adapter.save_file(_save_specs, tensors, filename, metadata, fsync)
+
+
+def load(data: bytes) -> Dict[str, tf.Tensor]:
+    """Every tensor of the file in ``data``, in memory of its own."""
+    return _adapter.load(FRAMEWORK, data, "cpu")
+
+
+def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, tf.Tensor]:
+    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    return _adapter.load_file("tf", filename, "cpu", backend)

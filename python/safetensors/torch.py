@@ -8,24 +8,17 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from ._adapter import non_contiguous_message as _non_contiguous_message, save_load_functions
-from ._core import DTYPES, HOST_SWAPS, Framework, PathLike, SafetensorError
+from . import _adapter
+from ._core import PathLike, SafetensorError, to_little_endian
 # Names the reference's module also offers (other projects import them from here).
-from ._core import TensorSpec, deserialize, safe_open, serialize, serialize_file  # noqa: F401
-from ._core import to_little_endian
+from ._core import TensorSpec, deserialize, serialize, serialize_file  # noqa: F401
 from ._devices import resolve_torch_device
+from ._safe_open import safe_open  # noqa: F401
+from ._torch_types import CODES, TYPES, empty, header_shape, torch_dtype, torch_shape
+from ._torch_types import SIZE as _SIZE  # noqa: F401 - the reference's name
+from ._torch_types import TYPES as _TYPES  # noqa: F401 - the reference's name
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
-
-#: Format code -> torch dtype, for every code torch can hold.
-_TYPES: Dict[str, torch.dtype] = {
-    row.code: getattr(torch, row.torch_name)
-    for row in DTYPES.values()
-    if row.torch_name and hasattr(torch, row.torch_name)
-}
-_CODES: Dict[torch.dtype, str] = {dtype: code for code, dtype in _TYPES.items()}
-#: torch dtype -> bytes per element (float4_e2m1fn_x2 holds two values in one byte).
-_SIZE: Dict[torch.dtype, int] = {dtype: dtype.itemsize for dtype in _TYPES.values()}
 
 # The reference's names for the dtypes newer torch versions add (None where this torch lacks one).
 _float8_e4m3fn = getattr(torch, "float8_e4m3fn", None)
@@ -43,38 +36,7 @@ except ImportError:  # pragma: no cover - other torch versions
 
 
 def _getdtype(dtype_str: str) -> torch.dtype:
-    return _TYPES[dtype_str]
-
-
-# -- shapes of packed float4 -------------------------------------------------------------------------------
-
-def _torch_shape(code: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    """Header (logical) shape -> torch shape: a packed type (the table's torch_pack: float4_e2m1fn_x2 holds two
-    values per byte) divides the last dimension."""
-    pack = DTYPES[code].torch_pack
-    if pack == 1:
-        return shape
-    if not shape or shape[-1] % pack:
-        raise SafetensorError(
-            f"cannot represent an {code} tensor of shape {list(shape)} as torch.{DTYPES[code].torch_name}, which "
-            f"packs {pack} values per element of the last dimension (it must be "
-            + ("even)" if pack == 2 else f"a multiple of {pack})")
-        )
-    return shape[:-1] + (shape[-1] // pack,)
-
-
-def _header_shape(code: str, tensor: torch.Tensor) -> List[int]:
-    shape = list(tensor.shape)
-    if shape:
-        shape[-1] *= DTYPES[code].torch_pack
-    return shape
-
-
-def _torch_dtype(code: str) -> torch.dtype:
-    dtype = _TYPES.get(code)
-    if dtype is None:
-        raise SafetensorError(f"dtype {code} has no torch equivalent in torch {torch.__version__}")
-    return dtype
+    return TYPES[dtype_str]
 
 
 # -- accelerators: the loading engine -----------------------------------------------------------------------
@@ -95,7 +57,7 @@ def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], i
     out: Dict[str, torch.Tensor] = {}
     jobs = []
     for name, (code, shape, begin, end) in infos:
-        tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)
+        tensor = empty(code, shape, device)
         out[name] = tensor
         if end > begin:
             jobs.append((tensor.reshape(-1).view(torch.uint8), begin, end))
@@ -117,7 +79,7 @@ def _stages(device: torch.device) -> bool:
 
 # -- the framework adapter ----------------------------------------------------------------------------------
 
-class _Torch(Framework):
+class _Torch(_adapter.Framework):
     name = "pytorch"
     dlpack = True
     bytes_dtype = torch.uint8
@@ -134,18 +96,18 @@ class _Torch(Framework):
         return device.type == "meta"
 
     def view(self, buffer: memoryview, code: str, shape: Tuple[int, ...]) -> torch.Tensor:
-        dtype, tshape = _torch_dtype(code), _torch_shape(code, shape)
+        dtype, tshape = torch_dtype(code), torch_shape(code, shape)
         if not len(buffer):
             return torch.empty(tshape, dtype=dtype, device="cpu")
         return torch.frombuffer(buffer, dtype=dtype).view(tshape)
 
     def empty(self, code: str, shape: Tuple[int, ...]) -> Tuple[torch.Tensor, int]:
         # An explicit device: loading ignores torch's default-device context.
-        tensor = torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device="cpu")
+        tensor = empty(code, shape, "cpu")
         return tensor, tensor.data_ptr()
 
     def reinterpret(self, tensor: torch.Tensor, code: str, shape: Tuple[int, ...]) -> torch.Tensor:
-        dtype, tshape = _torch_dtype(code), _torch_shape(code, shape)
+        dtype, tshape = torch_dtype(code), torch_shape(code, shape)
         return tensor.view(dtype).view(tshape)
 
     def stages(self, device: torch.device) -> bool:
@@ -156,7 +118,7 @@ class _Torch(Framework):
         return _staged_load(file, infos, device)
 
     def meta(self, code: str, shape: Tuple[int, ...], device: torch.device) -> torch.Tensor:
-        return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)
+        return empty(code, shape, device)
 
     def to_device(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return tensor if device.type == "cpu" else tensor.to(device)
@@ -165,7 +127,7 @@ class _Torch(Framework):
         return torch.stack(tensors, axis)
 
     def selects(self, code: str, shape: Tuple[int, ...]) -> bool:
-        return _torch_shape(code, shape) == tuple(shape)  # not packed (F4): the storage shape is the header's
+        return torch_shape(code, shape) == tuple(shape)  # not packed (F4): the storage shape is the header's
 
     def select(self, rows: torch.Tensor, index: tuple) -> torch.Tensor:
         tensor = rows[index]
@@ -180,11 +142,12 @@ class _Torch(Framework):
         if reader.file.backend == "mmap":
             from ._slice_errors import torch_indexing_error
 
-            return torch_indexing_error(index, _torch_shape(code, shape))
+            return torch_indexing_error(index, torch_shape(code, shape))
         return super().reference_slice_error(reader, index, code, shape)
 
 
-_ADAPTER = _Torch()
+#: How ``safe_open(framework="pt")`` builds tensors.
+FRAMEWORK = _Torch()
 
 
 # -- storage helpers other projects import ------------------------------------------------------------------
@@ -294,12 +257,12 @@ def _tobytes(tensor: torch.Tensor, name: str) -> bytes:
     if tensor.layout != torch.strided:
         raise ValueError(f"You are trying to save a sparse tensor: `{name}` which this library does not support.")
     if not tensor.is_contiguous():
-        raise ValueError(_non_contiguous_message(name))
+        raise ValueError(_adapter.non_contiguous_message(name))
     tensor = tensor.cpu()
     nbytes = tensor.nelement() * _SIZE[tensor.dtype]
     if nbytes == 0:
         return b""
-    return to_little_endian(ctypes.string_at(tensor.data_ptr(), nbytes), _CODES[tensor.dtype])
+    return to_little_endian(ctypes.string_at(tensor.data_ptr(), nbytes), CODES[tensor.dtype])
 
 
 def _to_ndarray(tensor: torch.Tensor) -> Tuple[Any, Any]:
@@ -309,17 +272,14 @@ def _to_ndarray(tensor: torch.Tensor) -> Tuple[Any, Any]:
     without memory gives ``(np.empty(0), 0)``."""
     import numpy as np
 
+    from ._numpy_bridge import little_endian_bytes
+
     if tensor.device.type != "cpu":
         tensor = tensor.to("cpu")
     ptr = tensor.data_ptr()
     if ptr == 0:
         return np.empty(0), 0
-    nbytes = tensor.nelement() * _SIZE[tensor.dtype]
-    data = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(ptr), dtype=np.uint8)
-    code = _CODES[tensor.dtype]
-    if code in HOST_SWAPS:  # the file's little-endian bytes, in a copy: the tensor is left as it is
-        data = np.frombuffer(to_little_endian(data, code), dtype=np.uint8)
-    return data, tensor
+    return little_endian_bytes(ptr, tensor.nelement() * _SIZE[tensor.dtype], CODES[tensor.dtype]), tensor
 
 
 # -- saving ------------------------------------------------------------------------------------------------
@@ -356,23 +316,19 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
     _evaluate_tensors_for_save(tensors)
     for name, value in tensors.items():
         if not value.is_contiguous():
-            raise ValueError(_non_contiguous_message(name))
+            raise ValueError(_adapter.non_contiguous_message(name))
     specs = []
     keep_alive = []
     for name, value in tensors.items():
-        code = _CODES.get(value.dtype)
+        code = CODES.get(value.dtype)
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
-        if code == "F4" and value.dim() == 0:
-            raise ValueError(
-                f"tensor `{name}` is a float4_e2m1fn_x2 scalar: it packs two values, which the format can only "
-                "store with a shape (reshape it to (1,))"
-            )
+        shape = header_shape(name, code, value)
         if value.device.type != "cpu":
             value = value.to("cpu")  # meta tensors fail here, as in the reference
         keep_alive.append(value)
         nbytes = value.nelement() * _SIZE[value.dtype]
-        specs.append((name, code, _header_shape(code, value), value.data_ptr() if nbytes else 0, nbytes))
+        specs.append((name, code, shape, value.data_ptr() if nbytes else 0, nbytes))
     return specs, keep_alive
 
 
@@ -391,12 +347,29 @@ def _flatten_as_ptr(tensors: Dict[str, torch.Tensor], keep_alive_buffer: List) -
 
 def _view2torch(safeview: List[Tuple[str, Dict[str, Any]]]) -> Dict[str, torch.Tensor]:
     """``deserialize`` output to ``{name: CPU tensor}``; each tensor shares the memory of its ``data``."""
-    return {name: _ADAPTER.view(v["data"], v["dtype"], tuple(v["shape"])) for name, v in safeview}
+    return {name: FRAMEWORK.view(v["data"], v["dtype"], tuple(v["shape"])) for name, v in safeview}
 
 
-save, save_file, load, load_file = save_load_functions(
-    __name__, "pt", _ADAPTER, _flatten, torch.Tensor, "torch.Tensor", with_device=frozenset({"load_file"})
-)
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors`` (a dict of ``torch.Tensor`` by name)."""
+    return _adapter.save(_flatten, tensors, metadata)
+
+
+def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
+              fsync: bool = False) -> None:
+    """Writes ``tensors`` (a dict of ``torch.Tensor`` by name) to ``filename`` atomically: a temporary file in
+    the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
+    _adapter.save_file(_flatten, tensors, filename, metadata, fsync)
+
+
+def load(data: bytes) -> Dict[str, torch.Tensor]:
+    """Every tensor of the file in ``data``, in memory of its own."""
+    return _adapter.load(FRAMEWORK, data, "cpu")
+
+
+def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap") -> Dict[str, torch.Tensor]:
+    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    return _adapter.load_file("pt", filename, device, backend)
 
 
 # -- models ------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
 
+#include "dtype_binding.h"
 #include "engine_binding.h"
 #include "sharded_binding.h"
 
@@ -501,23 +502,7 @@ NB_MODULE(_safetensors_cpp, m) {
       "tensors"_a, "path"_a, "metadata"_a = nb::none(), "fsync"_a = false,
       "Writes [(name, dtype code, shape, data_ptr, data_len)] to path atomically. Releases the GIL.");
 
-  m.def(
-      "dtype_table",
-      []() {
-        nb::list out;
-        for (const DtypeInfo& row : kDtypeTable) {
-          static constexpr const char* kKinds[] = {"bool", "signed", "unsigned", "float", "complex"};
-          out.append(nb::make_tuple(
-              nb::str(row.code.data(), row.code.size()), row.bits, kKinds[static_cast<int>(row.kind)], row.swap_bytes,
-              row.dlpack_code == kNoDlpack ? nb::object(nb::none()) : nb::object(nb::int_(row.dlpack_code)),
-              row.torch_pack, nb::str(row.torch_name.data(), row.torch_name.size()),
-              nb::str(row.numpy_name.data(), row.numpy_name.size())));
-        }
-        return out;
-      },
-      nb::sig("def dtype_table() -> list[tuple[str, int, str, int, int | None, int, str, str]]"),
-      "[(code, bits, kind, swap bytes, DLPack code or None, torch pack, torch name, numpy name)] in rank "
-      "order: the one dtype table (include/safetensors/dtype.h). kind is bool/signed/unsigned/float/complex.");
+  bind_dtypes(m);
 
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;

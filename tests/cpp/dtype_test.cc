@@ -4,6 +4,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 namespace safetensors {
 namespace {
@@ -65,6 +66,27 @@ TEST(DtypeTest, SwapWidthsDlpackCodesAndPacking) {
   EXPECT_EQ(dtype_kind(Dtype::kI8), DtypeKind::kSigned);
   EXPECT_EQ(dtype_kind(Dtype::kC64), DtypeKind::kComplex);
   EXPECT_EQ(dtype_kind(Dtype::kBool), DtypeKind::kBool);
+}
+
+// torch's packed F4 (float4_e2m1fn_x2): the header counts values, torch counts its elements, two to one along
+// the last dimension; other dtypes keep their shape. One text per refusal.
+TEST(DtypeTest, TorchShapesOfPackedTypes) {
+  using Shape = std::vector<std::uint64_t>;
+  EXPECT_EQ(*torch_shape(Dtype::kF4, Shape{2, 6}), (Shape{2, 3}));
+  EXPECT_EQ(*header_shape(Dtype::kF4, Shape{2, 3}), (Shape{2, 6}));
+  EXPECT_EQ(*torch_shape(Dtype::kF32, Shape{}), Shape{});
+  EXPECT_EQ(*header_shape(Dtype::kF6_E2M3, Shape{5}), Shape{5});
+  auto odd = torch_shape(Dtype::kF4, Shape{2, 3});
+  ASSERT_FALSE(odd.ok());
+  EXPECT_EQ(odd.error().kind(), Error::Kind::kInvalidArgument);
+  EXPECT_EQ(odd.error().detail(),
+            "cannot represent an F4 tensor of shape [2, 3] as torch.float4_e2m1fn_x2, which packs 2 values per "
+            "element of the last dimension (it must be even)");
+  EXPECT_FALSE(torch_shape(Dtype::kF4, Shape{}).ok());
+  auto scalar = header_shape(Dtype::kF4, Shape{});
+  ASSERT_FALSE(scalar.ok());
+  EXPECT_NE(scalar.error().detail().find("float4_e2m1fn_x2 scalar"), std::string::npos);
+  EXPECT_FALSE(header_shape(Dtype::kF4, Shape{std::uint64_t{1} << 63}).ok());
 }
 
 }  // namespace

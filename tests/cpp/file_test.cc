@@ -236,10 +236,10 @@ namespace safetensors {
 namespace {
 
 // Several threads reading one descriptor defeat the kernel's sequential readahead; each reader hints the
-// pieces ahead of it (internal::kReadaheadPieces), so a multi-piece read hints every one of its bytes.
-TEST(FileTest, ParallelReadsHintEveryPieceAheadOfTheReaders) {
+// chunks ahead of it (internal::kReadaheadChunks), so a multi-chunk read hints every one of its bytes.
+TEST(FileTest, ParallelReadsHintEveryChunkAheadOfTheReaders) {
   test::TempDir dir;
-  std::vector<std::byte> a = test::random_bytes(80u << 20, 3);  // ten 8 MiB pieces
+  std::vector<std::byte> a = test::random_bytes(80u << 20, 3);  // ten 8 MiB chunks
   std::vector<TensorData> ts = {{"a", Dtype::kU8, {a.size()}, a}};
   const std::string path = dir.file("h.safetensors");
   ASSERT_ST_OK(save_file(path, ts));

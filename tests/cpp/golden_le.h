@@ -1,6 +1,6 @@
 // A golden file for byte order: one tensor of every multi-byte dtype (and a few single-byte ones), each with
 // its values as this host holds them and, spelled out by hand, the little-endian bytes the format stores.
-// Shared by issue15_big_endian_test (both directions on one host) and cross_host_file (a file written on one
+// Shared by big_endian_test (both directions on one host) and cross_host_file (a file written on one
 // host and checked on the other, e.g. x86-64 and s390x under qemu: scripts/test.d/60-big-endian.sh).
 #ifndef SAFETENSORS_TESTS_GOLDEN_LE_H_
 #define SAFETENSORS_TESTS_GOLDEN_LE_H_

@@ -54,6 +54,7 @@ def test_distributed_loads_swap_each_tensor_once_after_its_bytes_arrived(tmp_pat
     torch = pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
     from safetensors import distributed
+    from safetensors.distributed import _load
     from safetensors.torch import save_file as save_torch
 
     g = torch.Generator().manual_seed(15)
@@ -71,7 +72,7 @@ def test_distributed_loads_swap_each_tensor_once_after_its_bytes_arrived(tmp_pat
         units = t.reshape(-1).view(torch.uint8).view(-1, width).flip(1).contiguous()
         return units.view(-1).view(t.dtype).reshape(t.shape)
 
-    monkeypatch.setattr(distributed, "HOST_SWAPS", frozenset({"F32", "C64", "I16"}))
+    monkeypatch.setattr(_load, "HOST_SWAPS", frozenset({"F32", "C64", "I16"}))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         whole = distributed.load_file(str(path))

@@ -23,7 +23,8 @@ import safetensors.torch as stt
 from safetensors import _cli
 from safetensors._cli import main
 from safetensors import safe_open
-from safetensors._sharding import Checkpoint, Shard, parse_size, plan_shards, resolve
+from safetensors._safetensors_cpp import plan_shards
+from safetensors._sharding import Checkpoint, Shard, parse_size, resolve
 
 
 def shard_file_names(stem: str, count: int) -> List[str]:

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import safetensors.distributed as sdist
+from safetensors.distributed import _group, _opening
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
@@ -382,11 +383,11 @@ def test_an_index_limits_each_shard_to_what_it_assigns_through_shard_index(tmp_p
     save_file({"b": torch.zeros(2), "stale": torch.ones(1, dtype=torch.int8)}, tmp_path / "s2.safetensors")
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}))
-    opened = sdist._Checkpoint(str(tmp_path)).open("pread")
+    opened = _opening.open_checkpoint(str(tmp_path), "pread").shards
     assert [(o.label, o.names) for o in opened] == [("s1.safetensors", ["a"]), ("s2.safetensors", ["b"])]
     index.write_text(json.dumps({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s2.safetensors"}}))
     with pytest.raises(SafetensorError) as e:
-        sdist._Checkpoint(str(index)).open("pread")
+        _opening.open_checkpoint(str(index), "pread")
     assert str(e.value) == f'File does not contain tensor c (TensorNotFound) in "{tmp_path / "s2.safetensors"}"'
 
 
@@ -519,7 +520,7 @@ def test_schedule_gives_large_tensors_chunks_of_their_own_and_groups_small_ones(
     ("gloo", "meta", "meta"),
 ])
 def test_bytes_travel_on_the_destination_device_unless_the_backend_is_a_cpu_one(backend, target, moves_on):
-    grp = object.__new__(sdist._Group)
+    grp = object.__new__(_group.Group)
     grp.backend = backend
     if moves_on is None:
         with pytest.raises(sdist.SafetensorError, match="cannot move tensors for device cpu"):

@@ -154,11 +154,11 @@ def fake_npus(monkeypatch: pytest.MonkeyPatch) -> List[Tuple[Any, Any]]:
 
 
 def test_custom_devices_resolve_to_their_place(fake_npus: List[Tuple[Any, Any]]) -> None:
-    assert st_paddle._ADAPTER.resolve_device("npu") == _FakePlace("npu", 1)  # the current card
-    assert st_paddle._ADAPTER.resolve_device("npu:0") == _FakePlace("npu", 0)
-    assert st_paddle._ADAPTER.resolve_device(0) == _FakePlace("npu", 0)
+    assert st_paddle.FRAMEWORK.resolve_device("npu") == _FakePlace("npu", 1)  # the current card
+    assert st_paddle.FRAMEWORK.resolve_device("npu:0") == _FakePlace("npu", 0)
+    assert st_paddle.FRAMEWORK.resolve_device(0) == _FakePlace("npu", 0)
     with pytest.raises(SafetensorError, match="^device npu:2 is not available: paddle reports 2 'npu' device"):
-        st_paddle._ADAPTER.resolve_device("npu:2")
+        st_paddle.FRAMEWORK.resolve_device("npu:2")
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])

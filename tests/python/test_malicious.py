@@ -339,4 +339,4 @@ def test_million_tiny_entries_near_the_cap(tmp_path: Path) -> None:
     assert r["seconds"] < 120, r
 
 
-# A NUL in a name or dtype keeps the whole error text: test_bug_error_text_nul_bytes.py.
+# A NUL in a name or dtype keeps the whole error text: test_error_text_keeps_nul_bytes.py.

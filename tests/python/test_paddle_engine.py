@@ -30,7 +30,7 @@ from test_frameworks_common import ALL_CODES, sample  # noqa: E402
 SLAB = 4096
 # Shapes per code: one spanning several slabs, one smaller than a slab, a scalar, an empty tensor.
 SHAPES = [(37, 53), (3, 5), (), (0, 4)]
-PADDLE_CODES = [code for code in ALL_CODES if code in st_paddle._ADAPTER.codes]
+PADDLE_CODES = [code for code in ALL_CODES if code in st_paddle.FRAMEWORK.codes]
 
 
 def _dump(tensor: Any) -> Tuple[str, Tuple[int, ...], bytes]:

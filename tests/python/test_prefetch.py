@@ -25,7 +25,7 @@ def state():
         "embed": torch.randn(64, 16, generator=g),
         "bias": torch.arange(16, dtype=torch.int64),
         "half": torch.randn(8, 4, generator=g).to(torch.bfloat16),
-        "double": torch.randn(5, 3, generator=g, dtype=torch.float64),  # F64: test_bug_prefetch_f64_not_f6.py
+        "double": torch.randn(5, 3, generator=g, dtype=torch.float64),  # F64: test_prefetch_takes_f64_not_as_f6.py
         "scalar": torch.tensor(2.5),
         "empty": torch.zeros(0, 3),
         "flags": torch.arange(10) % 3 == 0,

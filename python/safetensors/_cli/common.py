@@ -32,50 +32,50 @@ class CliError(Exception):
 
 # -- small helpers -----------------------------------------------------------------------------------------
 
-def _describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     """One line for an exception from opening or reading a file; the message names the file."""
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         return f"{error.filename}: {error.strerror}"
     return " ".join(str(error).split())
 
 
-def _open(path: str) -> "_cpp.File":
+def open_file(path: str) -> "_cpp.File":
     """Opens and validates the header of ``path``. Tensor bytes are read on demand with positional reads."""
     return _cpp.File(path, "pread")
 
 
-def _numel(shape: Sequence[int]) -> int:
+def numel(shape: Sequence[int]) -> int:
     n = 1
     for d in shape:
         n *= d
     return n
 
 
-def _n(count: int, noun: str) -> str:
-    """``_n(1, "file")`` -> ``"1 file"``, ``_n(3, "metadata entry")`` -> ``"3 metadata entries"``."""
+def count_of(count: int, noun: str) -> str:
+    """``count_of(1, "file")`` -> ``"1 file"``, ``count_of(3, "metadata entry")`` -> ``"3 metadata entries"``."""
     if count == 1:
         return f"1 {noun}"
     plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
     return f"{count:,} {plural}"
 
 
-def _shape_text(shape: Sequence[int]) -> str:
+def shape_text(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _is_float(code: str) -> bool:
+def is_float(code: str) -> bool:
     """Floating-point values, real or complex (the dtype table's kind)."""
     return DTYPES[code].kind in ("float", "complex")
 
 
-def _one_line(value: str, limit: int = 200) -> str:
+def one_line(value: str, limit: int = 200) -> str:
     text = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
     if len(text) > limit:
         return f"{text[:limit]}... ({len(value)} characters)"
     return text
 
 
-def _numpy() -> Any:
+def numpy_module() -> Any:
     try:
         import numpy
     except ImportError:
@@ -83,7 +83,7 @@ def _numpy() -> Any:
     return numpy
 
 
-class _Scratch:
+class Scratch:
     """A reusable read buffer: one allocation per size increase instead of one per tensor."""
 
     def __init__(self) -> None:
@@ -97,7 +97,7 @@ class _Scratch:
         return self._addr, memoryview(self._buf)[:nbytes]
 
 
-def _chunks(file: "_cpp.File", name: str, info: Info, scratch: _Scratch) -> Iterator[memoryview]:
+def chunks_of(file: "_cpp.File", name: str, info: Info, scratch: Scratch) -> Iterator[memoryview]:
     """The bytes of one tensor, read in pieces of about CHUNK_BYTES (whole rows of the first dimension; a
     tensor that cannot be split that way, or a sub-byte one, is read whole). Each piece is valid until the
     next one is read."""
@@ -119,7 +119,7 @@ def _chunks(file: "_cpp.File", name: str, info: Info, scratch: _Scratch) -> Iter
         yield view
 
 
-class _Progress:
+class Progress:
     """A one-line progress bar on a terminal; silent when disabled. Redraws at most ten times a second."""
 
     WIDTH = 30
@@ -188,18 +188,18 @@ def _written_bytes() -> Optional[int]:
     return None
 
 
-class _WriteWatcher:
+class WriteWatcher:
     """While a native call writes a file (with the GIL released), advances a progress bar from this
     process's write count; where that count is unavailable the bar moves when the call returns."""
 
-    def __init__(self, progress: _Progress, base: int, nbytes: int) -> None:
+    def __init__(self, progress: Progress, base: int, nbytes: int) -> None:
         self._progress = progress
         self._base = base
         self._nbytes = nbytes
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def __enter__(self) -> "_WriteWatcher":
+    def __enter__(self) -> "WriteWatcher":
         start = _written_bytes() if self._progress.enabled else None
         if start is not None:
             def poll() -> None:
@@ -222,16 +222,16 @@ class _WriteWatcher:
 
 # -- opening checkpoints -----------------------------------------------------------------------------------
 
-def _resolve(path: str) -> Checkpoint:
+def resolve_checkpoint(path: str) -> Checkpoint:
     try:
         return resolve(path)
     except CheckpointError as e:
         raise CliError(str(e)) from None
     except OSError as e:
-        raise CliError(_describe_error(e)) from None
+        raise CliError(describe_error(e)) from None
 
 
-class _OpenShard:
+class OpenShard:
     """A shard opened for reading, with the tensors the checkpoint takes from it (file order)."""
 
     def __init__(self, shard: Shard, file: "_cpp.File", tensors: List[Tuple[str, Info]]) -> None:
@@ -240,26 +240,26 @@ class _OpenShard:
         self.tensors = tensors
 
 
-def _open_shard(checkpoint: Checkpoint, shard: Shard) -> _OpenShard:
+def open_shard(checkpoint: Checkpoint, shard: Shard) -> OpenShard:
     """Opens one shard; an index naming a missing shard, or a tensor the shard lacks, is a CliError."""
     if checkpoint.index_path is not None and not os.path.exists(shard.path):
         raise CliError(f"{shard.path}: no such file, but the index {checkpoint.index_path} names it")
     try:
-        file = _open(shard.path)
+        file = open_file(shard.path)
     except (SafetensorError, OSError) as e:
-        raise CliError(_describe_error(e)) from None
+        raise CliError(describe_error(e)) from None
     try:
-        names = _assigned(checkpoint, shard, file)
+        names = assigned_names(checkpoint, shard, file)
     except SafetensorError as e:
-        raise CliError(_unassigned_text(checkpoint, e)) from None
+        raise CliError(unassigned_text(checkpoint, e)) from None
     infos = file.infos()
     if names is None:
-        return _OpenShard(shard, file, infos)
+        return OpenShard(shard, file, infos)
     by_name = dict(infos)
-    return _OpenShard(shard, file, [(name, by_name[name]) for name in names])
+    return OpenShard(shard, file, [(name, by_name[name]) for name in names])
 
 
-def _assigned(checkpoint: Checkpoint, shard: Shard, file: "_cpp.File") -> Optional[List[str]]:
+def assigned_names(checkpoint: Checkpoint, shard: Shard, file: "_cpp.File") -> Optional[List[str]]:
     """The tensors of ``file`` the checkpoint takes from it, in file order; None (all of them) without an
     index. For an index this is ``ShardIndex.select``, the one check that a shard holds what the index
     assigns: it raises SafetensorError (TensorNotFound, naming the shard and the tensor) when it does not."""
@@ -268,11 +268,11 @@ def _assigned(checkpoint: Checkpoint, shard: Shard, file: "_cpp.File") -> Option
     return checkpoint.index.select(file, shard.position)
 
 
-def _unassigned_text(checkpoint: Checkpoint, error: BaseException) -> str:
-    return f"{_describe_error(error)}, which the index {checkpoint.index_path} assigns to it"
+def unassigned_text(checkpoint: Checkpoint, error: BaseException) -> str:
+    return f"{describe_error(error)}, which the index {checkpoint.index_path} assigns to it"
 
 
-def _name_list(names: Sequence[str], limit: int = 5) -> str:
+def name_list(names: Sequence[str], limit: int = 5) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     more = len(names) - limit
     noun = "tensor" if len(names) == 1 else "tensors"

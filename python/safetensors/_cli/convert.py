@@ -12,7 +12,7 @@ from typing import IO, Any, Dict, List, Sequence, Tuple
 from .. import _safetensors_cpp as _cpp
 from .._safetensors_cpp import SafetensorError
 from .._sharding import INDEX_SUFFIX, SAFETENSORS_SUFFIX, format_size, parse_size
-from .common import EXIT_OK, CliError, _describe_error, _n, _Progress, _WriteWatcher
+from .common import EXIT_OK, CliError, describe_error, count_of, Progress, WriteWatcher
 
 def _output_layout(output: str) -> Tuple[str, str]:
     """(directory, stem) of the files ``convert`` writes: ``OUT/model.safetensors`` -> (``OUT``, ``model``);
@@ -147,13 +147,14 @@ def cmd_convert(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> i
         import torch
     except ImportError:
         raise CliError("convert needs PyTorch: pip install torch") from None
-    from ..torch import _CODES, _flatten, save_file
+    from .._torch_types import CODES
+    from ..torch import _flatten_as_ptr, save_file
 
     state_dict, where = _load_state_dict(args.input)
     for name, tensor in state_dict.items():
         if tensor.layout != torch.strided:
             raise CliError(f"{args.input}: tensor {name!r} is sparse ({tensor.layout}); safetensors stores dense tensors")
-        if tensor.dtype not in _CODES:
+        if tensor.dtype not in CODES:
             raise CliError(f"{args.input}: tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot store")
     tensors, ties, copied = _untie(state_dict)
     tensors = {name: tensor.contiguous() for name, tensor in tensors.items()}
@@ -164,7 +165,9 @@ def cmd_convert(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> i
     for dropped, keep in ties.items():
         metadata.setdefault(dropped, keep)
 
-    specs, keep_alive = _flatten(tensors)  # keep_alive: CPU copies the specs' addresses point into
+    keep_alive: List[Any] = []  # CPU copies the specs' addresses point into
+    specs = [(name, spec.dtype, spec.shape, spec.data_ptr, spec.data_len)
+             for name, spec in _flatten_as_ptr(tensors, keep_alive).items()]
     total = sum(spec[4] for spec in specs)
     # The C++ plan (huggingface_hub's split and names). No tensors, or one shard, is written as one file, as
     # save_pretrained does when its split is not sharded.
@@ -181,16 +184,16 @@ def cmd_convert(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> i
 
     if directory:
         os.makedirs(directory, exist_ok=True)
-    progress = _Progress("converting", total, stderr, enabled=not args.quiet and stderr.isatty())
+    progress = Progress("converting", total, stderr, enabled=not args.quiet and stderr.isatty())
     try:
-        with _WriteWatcher(progress, 0, total):
+        with WriteWatcher(progress, 0, total):
             if sharded:
                 # Every shard atomically, then the index (atomic, an existing index's mode bits kept).
                 _cpp.save_sharded(directory or ".", specs, max_shard, stem, list(metadata.items()))
             else:
                 save_file(tensors, targets[0], metadata=metadata)
     except (SafetensorError, OSError) as e:
-        raise CliError(_describe_error(e)) from None
+        raise CliError(describe_error(e)) from None
     finally:
         progress.close()
 
@@ -202,9 +205,9 @@ def cmd_convert(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> i
 
     if not args.quiet:
         source = f' ("{where}" entry)' if where else ""
-        stdout.write(f"converted {args.input}{source}: {_n(len(tensors), 'tensor')}, {format_size(total)}\n")
+        stdout.write(f"converted {args.input}{source}: {count_of(len(tensors), 'tensor')}, {format_size(total)}\n")
         for target, names in zip(targets, groups):
-            stdout.write(f"  wrote {target}: {_n(len(names), 'tensor')}\n")
+            stdout.write(f"  wrote {target}: {count_of(len(names), 'tensor')}\n")
         if index_path is not None:
             stdout.write(f"  wrote {index_path}\n")
         for dropped, keep in sorted(ties.items()):

@@ -14,16 +14,16 @@ from .common import (
     EXIT_OK,
     CliError,
     Info,
-    _chunks,
-    _describe_error,
-    _is_float,
-    _n,
-    _numel,
-    _numpy,
-    _one_line,
-    _resolve,
-    _Scratch,
-    _shape_text,
+    chunks_of,
+    describe_error,
+    is_float,
+    count_of,
+    numel,
+    numpy_module,
+    one_line,
+    resolve_checkpoint,
+    Scratch,
+    shape_text,
 )
 
 class _Side:
@@ -32,7 +32,7 @@ class _Side:
     files (a tensor name in two files is an error), both rules the C++ library's."""
 
     def __init__(self, path: str) -> None:
-        checkpoint = _resolve(path)
+        checkpoint = resolve_checkpoint(path)
         self.path = path
         try:
             if checkpoint.index_path is not None:
@@ -40,7 +40,7 @@ class _Side:
             else:
                 opened = _cpp.ShardedFile.open_files([shard.path for shard in checkpoint.shards], "pread")
         except (SafetensorError, OSError) as e:
-            raise CliError(_describe_error(e)) from None
+            raise CliError(describe_error(e)) from None
         files = opened.shards
         self.tensors: Dict[str, Tuple["_cpp.File", Info]] = {
             name: (files[opened.shard_of(name)], info) for name, info in opened.infos()
@@ -62,12 +62,12 @@ def _decode(np: Any, types: Dict[str, Any], view: memoryview, code: str) -> Tupl
     if bits % 8:
         if dtype is None:
             return np.frombuffer(view, dtype=np.uint8), None
-        from ..numpy import _unpack
+        from .._numpy_bridge import unpack
 
-        elements = _unpack(np.frombuffer(view, dtype=np.uint8), code, (len(view) * 8 // bits,))
+        elements = unpack(np.frombuffer(view, dtype=np.uint8), code, (len(view) * 8 // bits,))
         return elements.view(np.uint8), elements
     raw = np.frombuffer(view, dtype=f"<u{bits // 8}")
-    if not _is_float(code) or dtype is None:
+    if not is_float(code) or dtype is None:
         return raw, None
     return raw, np.frombuffer(view, dtype=dtype)
 
@@ -82,7 +82,7 @@ class _ValueDiff:
         self.differing = 0
         self.max_abs: Optional[float] = None
         self.nan_mismatch = 0
-        self.has_values = _is_float(code) and code in types
+        self.has_values = is_float(code) and code in types
 
     def add(self, a: memoryview, b: memoryview) -> None:
         np = self.np
@@ -118,14 +118,14 @@ class _ValueDiff:
                 text += f", max abs diff {self.max_abs:.6g}"
             if self.nan_mismatch:
                 text += f", {self.nan_mismatch:,} NaN on one side only"
-        elif _is_float(self.code):
+        elif is_float(self.code):
             text += " (install ml_dtypes for the max abs diff of this dtype)"
         return text
 
 
 def cmd_diff(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
-    np = _numpy()
-    from ..numpy import _TYPES as types  # noqa: N811
+    np = numpy_module()
+    from .._numpy_bridge import TYPES as types  # noqa: N811
 
     a, b = _Side(args.a), _Side(args.b)
     lines: List[str] = []
@@ -133,43 +133,43 @@ def cmd_diff(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
     for name in sorted(a.tensors.keys() | b.tensors.keys()):
         if name not in b.tensors:
             code, shape = a.tensors[name][1][:2]
-            lines.append(f"only in A: {name}  {code} {_shape_text(shape)}")
+            lines.append(f"only in A: {name}  {code} {shape_text(shape)}")
             continue
         if name not in a.tensors:
             code, shape = b.tensors[name][1][:2]
-            lines.append(f"only in B: {name}  {code} {_shape_text(shape)}")
+            lines.append(f"only in B: {name}  {code} {shape_text(shape)}")
             continue
         (fa, ia), (fb, ib) = a.tensors[name], b.tensors[name]
         if ia[:2] != ib[:2]:
-            lines.append(f"dtype/shape differ: {name}  {ia[0]} {_shape_text(ia[1])} -> {ib[0]} {_shape_text(ib[1])}")
+            lines.append(f"dtype/shape differ: {name}  {ia[0]} {shape_text(ia[1])} -> {ib[0]} {shape_text(ib[1])}")
             continue
         compared += 1
         values = _ValueDiff(np, types, ia[0])
         try:
-            pieces_b = _chunks(fb, name, ib, _Scratch())
-            for piece_a in _chunks(fa, name, ia, _Scratch()):
+            pieces_b = chunks_of(fb, name, ib, Scratch())
+            for piece_a in chunks_of(fa, name, ia, Scratch()):
                 values.add(piece_a, next(pieces_b))
         except (SafetensorError, OSError) as e:
-            raise CliError(_describe_error(e)) from None
+            raise CliError(describe_error(e)) from None
         if values.differing:
-            lines.append(f"values differ: {name}  {ia[0]} {_shape_text(ia[1])}: {values.describe(_numel(ia[1]))}")
+            lines.append(f"values differ: {name}  {ia[0]} {shape_text(ia[1])}: {values.describe(numel(ia[1]))}")
         else:
             same_bytes += ia[3] - ia[2]
     for key in sorted(a.metadata.keys() | b.metadata.keys()):
         va, vb = a.metadata.get(key), b.metadata.get(key)
         if vb is None:
-            lines.append(f"metadata only in A: {_one_line(key)} = {_one_line(va, 80)!r}")
+            lines.append(f"metadata only in A: {one_line(key)} = {one_line(va, 80)!r}")
         elif va is None:
-            lines.append(f"metadata only in B: {_one_line(key)} = {_one_line(vb, 80)!r}")
+            lines.append(f"metadata only in B: {one_line(key)} = {one_line(vb, 80)!r}")
         elif va != vb:
-            lines.append(f"metadata differs: {_one_line(key)}: {_one_line(va, 80)!r} -> {_one_line(vb, 80)!r}")
+            lines.append(f"metadata differs: {one_line(key)}: {one_line(va, 80)!r} -> {one_line(vb, 80)!r}")
     stdout.write(f"A: {args.a}\nB: {args.b}\n")
     for line in lines:
         stdout.write(line + "\n")
     if lines:
-        stdout.write(f"{_n(len(lines), 'difference')} ({_n(compared, 'tensor')} compared)\n")
+        stdout.write(f"{count_of(len(lines), 'difference')} ({count_of(compared, 'tensor')} compared)\n")
         return EXIT_FAILED
     stdout.write(
-        f"identical: {_n(compared, 'tensor')}, {same_bytes:,} bytes of tensor data, {_n(len(a.metadata), 'metadata entry')}\n"
+        f"identical: {count_of(compared, 'tensor')}, {same_bytes:,} bytes of tensor data, {count_of(len(a.metadata), 'metadata entry')}\n"
     )
     return EXIT_OK

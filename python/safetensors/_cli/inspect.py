@@ -8,16 +8,16 @@ import json
 from typing import IO, Any, Dict, List, Optional, Sequence, Set
 
 from .._sharding import Checkpoint, format_size
-from .common import EXIT_OK, _n, _numel, _one_line, _open_shard, _OpenShard, _resolve, _shape_text
+from .common import EXIT_OK, count_of, numel, one_line, open_shard, OpenShard, resolve_checkpoint, shape_text
 
-def _inspect_document(checkpoint: Checkpoint, opened: List[_OpenShard]) -> Dict[str, Any]:
+def _inspect_document(checkpoint: Checkpoint, opened: List[OpenShard]) -> Dict[str, Any]:
     parameters: Dict[str, int] = {}
     total_bytes = 0
     files = []
     for item in opened:
         tensors = []
         for name, (code, shape, begin, end) in item.tensors:
-            count = _numel(shape)
+            count = numel(shape)
             parameters[code] = parameters.get(code, 0) + count
             total_bytes += end - begin
             tensors.append(
@@ -68,7 +68,7 @@ def _metadata_lines(metadata: Optional[Dict[str, Any]], indent: str) -> List[str
         return [f"{indent}(none)"]
     if not metadata:
         return [f"{indent}(empty)"]
-    return [f"{indent}{_one_line(str(k))}: {_one_line(str(v))}" for k, v in metadata.items()]
+    return [f"{indent}{one_line(str(k))}: {one_line(str(v))}" for k, v in metadata.items()]
 
 
 def _inspect_text(doc: Dict[str, Any]) -> str:
@@ -76,7 +76,7 @@ def _inspect_text(doc: Dict[str, Any]) -> str:
     files = doc["files"]
     if doc["index"] is not None:
         count = sum(len(f["tensors"]) for f in files)
-        out.append(f"index {doc['index']['path']}: {_n(count, 'tensor')} in {_n(len(files), 'file')}")
+        out.append(f"index {doc['index']['path']}: {count_of(count, 'tensor')} in {count_of(len(files), 'file')}")
         out.append("  metadata:")
         out.extend(_metadata_lines(doc["index"]["metadata"], "    "))
     same_metadata = len(files) > 1 and all(f["metadata"] == files[0]["metadata"] for f in files)
@@ -86,14 +86,14 @@ def _inspect_text(doc: Dict[str, Any]) -> str:
         if out:
             out.append("")
         out.append(
-            f"{f['path']}: {_n(len(tensors), 'tensor')}, {format_size(data)} of data, "
+            f"{f['path']}: {count_of(len(tensors), 'tensor')}, {format_size(data)} of data, "
             f"{f['file_size']:,} bytes (header {f['header_size']:,} bytes)"
         )
         if tensors:
             rows: List[Sequence[str]] = [("name", "dtype", "shape", "size", "offsets")]
             for t in tensors:
                 begin, end = t["data_offsets"]
-                rows.append((t["name"], t["dtype"], _shape_text(t["shape"]), format_size(t["nbytes"]), f"[{begin}, {end})"))
+                rows.append((t["name"], t["dtype"], shape_text(t["shape"]), format_size(t["nbytes"]), f"[{begin}, {end})"))
             out.extend(_table(rows, right={3}))
         if not same_metadata:
             out.append("  metadata:")
@@ -108,13 +108,13 @@ def _inspect_text(doc: Dict[str, Any]) -> str:
     rows.append(("total", f"{doc['total_parameters']:,}"))
     out.extend(_table(rows, right={1}))
     total = doc["total_bytes"]
-    out.append(f"total bytes: {total:,} ({format_size(total)}) of tensor data in {_n(len(files), 'file')}")
+    out.append(f"total bytes: {total:,} ({format_size(total)}) of tensor data in {count_of(len(files), 'file')}")
     return "\n".join(out) + "\n"
 
 
 def cmd_inspect(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
-    checkpoint = _resolve(args.path)
-    opened = [_open_shard(checkpoint, shard) for shard in checkpoint.shards]
+    checkpoint = resolve_checkpoint(args.path)
+    opened = [open_shard(checkpoint, shard) for shard in checkpoint.shards]
     doc = _inspect_document(checkpoint, opened)
     if args.json:
         stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")

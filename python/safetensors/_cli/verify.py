@@ -15,19 +15,19 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     CliError,
-    _assigned,
-    _chunks,
-    _describe_error,
-    _is_float,
-    _n,
-    _name_list,
-    _numel,
-    _numpy,
-    _open,
-    _Progress,
-    _Scratch,
-    _shape_text,
-    _unassigned_text,
+    assigned_names,
+    chunks_of,
+    describe_error,
+    is_float,
+    count_of,
+    name_list,
+    numel,
+    numpy_module,
+    open_file,
+    Progress,
+    Scratch,
+    shape_text,
+    unassigned_text,
 )
 
 def _scan(np: Any, types: Dict[str, Any], code: str, view: memoryview) -> Tuple[int, int]:
@@ -43,8 +43,8 @@ def _scan(np: Any, types: Dict[str, Any], code: str, view: memoryview) -> Tuple[
 def cmd_verify(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
     np = types = None
     if args.scan:
-        np = _numpy()
-        from ..numpy import _TYPES as types  # noqa: N811 - the numpy module's code -> dtype table
+        np = numpy_module()
+        from .._numpy_bridge import TYPES as types  # noqa: N811 - numpy's code -> dtype table
     try:
         checkpoint = resolve(args.path)
     except IndexFormatError as e:
@@ -53,9 +53,9 @@ def cmd_verify(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> in
     except CheckpointError as e:
         raise CliError(str(e)) from None
     except OSError as e:
-        raise CliError(_describe_error(e)) from None
+        raise CliError(describe_error(e)) from None
 
-    progress = _Progress("verifying", 0, stderr, enabled=not args.quiet and stderr.isatty())
+    progress = Progress("verifying", 0, stderr, enabled=not args.quiet and stderr.isatty())
 
     def say(line: str, always: bool = False) -> None:
         if always or not args.quiet:
@@ -73,15 +73,15 @@ def cmd_verify(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> in
             opened.append((shard, None, f"no such file, but the index {checkpoint.index_path} names it"))
             continue
         try:
-            file = _open(shard.path)
+            file = open_file(shard.path)
         except (SafetensorError, OSError) as e:
-            opened.append((shard, None, _describe_error(e)))
+            opened.append((shard, None, describe_error(e)))
             continue
         opened.append((shard, file, ""))
         total += file.size - file.data_offset
 
     progress.total = total
-    scratch = _Scratch()
+    scratch = Scratch()
     for shard, file, error in opened:
         if file is None:
             failures += 1
@@ -90,39 +90,39 @@ def cmd_verify(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> in
         problems: List[str] = []
         notes: List[str] = []
         try:
-            assigned = _assigned(checkpoint, shard, file)
+            assigned = assigned_names(checkpoint, shard, file)
         except SafetensorError as e:
-            problems.append(_unassigned_text(checkpoint, e))
+            problems.append(unassigned_text(checkpoint, e))
             assigned = shard.names
         if assigned is not None:
             extra = sorted(set(file.keys()) - set(assigned))
             if extra:
-                notes.append(f"note: holds {_name_list(extra)} that the index does not list")
+                notes.append(f"note: holds {name_list(extra)} that the index does not list")
         scanned = unscanned = 0
         for name, info in file.infos():
             code, shape = info[0], info[1]
-            scan = np is not None and _is_float(code)
+            scan = np is not None and is_float(code)
             if scan and DTYPES[code].bits % 8 == 0 and code not in types:
                 scan = False
                 unscanned += 1
             nan = inf = 0
             try:
-                for view in _chunks(file, name, info, scratch):
+                for view in chunks_of(file, name, info, scratch):
                     read += len(view)
                     progress.update(read)
                     if scan:
                         n, i = _scan(np, types, code, view)
                         nan, inf = nan + n, inf + i
             except (SafetensorError, OSError) as e:
-                problems.append(f"tensor {name!r}: {_describe_error(e)}")
+                problems.append(f"tensor {name!r}: {describe_error(e)}")
                 break
             tensors += 1
             scanned += scan
             if nan or inf:
                 findings += 1
                 notes.append(
-                    f"tensor {name!r} ({code} {_shape_text(shape)}): "
-                    f"{nan:,} NaN, {inf:,} Inf in {_numel(shape):,} values"
+                    f"tensor {name!r} ({code} {shape_text(shape)}): "
+                    f"{nan:,} NaN, {inf:,} Inf in {numel(shape):,} values"
                 )
         if problems:
             failures += 1
@@ -132,10 +132,10 @@ def cmd_verify(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> in
                 say(f"      {note}", always=note.startswith("tensor "))
             continue
         status = "OK  "
-        summary = f"{shard.path}: {_n(len(file), 'tensor')}, {format_size(file.size - file.data_offset)} read"
+        summary = f"{shard.path}: {count_of(len(file), 'tensor')}, {format_size(file.size - file.data_offset)} read"
         if np is not None:
             with_nan = sum(1 for note in notes if note.startswith("tensor "))
-            summary += f", {_n(scanned, 'float tensor')} scanned"
+            summary += f", {count_of(scanned, 'float tensor')} scanned"
             if unscanned:
                 summary += f", {unscanned} not (numpy has no type for them: pip install ml_dtypes)"
             if with_nan:
@@ -147,10 +147,10 @@ def cmd_verify(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> in
     progress.close()
 
     result = "OK" if not failures and not findings else "FAILED"
-    parts = [_n(len(opened), "file"), _n(tensors, "tensor"), f"{format_size(read)} read"]
+    parts = [count_of(len(opened), "file"), count_of(tensors, "tensor"), f"{format_size(read)} read"]
     if failures:
         parts.append(f"{failures} failed")
     if args.scan:
-        parts.append(f"{_n(findings, 'tensor')} with NaN/Inf")
+        parts.append(f"{count_of(findings, 'tensor')} with NaN/Inf")
     say(f"verify {result}: " + ", ".join(parts), always=True)
     return EXIT_OK if result == "OK" else EXIT_FAILED

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 import safetensors.distributed as sdist
+from safetensors.distributed import _moving
 from safetensors import SafetensorError
 
 
@@ -110,7 +111,7 @@ def install_fault(args: Dict[str, Any], rank: int) -> None:
     fault = args.get("fault")
     if not fault or fault["rank"] != rank:
         return
-    real = sdist._read_chunk
+    real = _moving.read_chunk
     calls = [0]
 
     def faulty(file, offset, dst):
@@ -124,7 +125,7 @@ def install_fault(args: Dict[str, Any], rank: int) -> None:
                 raise OSError(5, "Input/output error (injected)")
         real(file, offset, dst)
 
-    sdist._read_chunk = faulty
+    _moving.read_chunk = faulty
 
 
 def main() -> int:
@@ -156,7 +157,7 @@ def main() -> int:
             results[name] = {"crash": traceback.format_exc()}
             crashed = True
         finally:
-            sdist._read_chunk = _REAL_READ
+            _moving.read_chunk = _REAL_READ
         with open(out_path + ".tmp", "w") as f:  # written after every scenario: a later hang keeps these
             json.dump(results, f)
         os.replace(out_path + ".tmp", out_path)
@@ -166,7 +167,7 @@ def main() -> int:
     return 0
 
 
-_REAL_READ = sdist._read_chunk
+_REAL_READ = _moving.read_chunk
 
 if __name__ == "__main__":
     sys.exit(main())

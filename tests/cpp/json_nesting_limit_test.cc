@@ -1,4 +1,4 @@
-// Found by tests/python/test_mutations_differential.py (issue 6): a field the schema ignores could nest
+// Found by tests/python/test_mutations_differential.py: a field the schema ignores could nest
 // arrays and objects up to simdjson's limit of 1024 levels, where the reference's JSON reader refuses more
 // than 127 levels in the whole document. Now both draw the line at the same place.
 // Regression inputs: fuzz/regressions/header/nesting_*.
@@ -19,7 +19,7 @@ std::string nested(int levels, bool objects) {
   return raw_file(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0],"x":)" + inner + "}}");
 }
 
-TEST(Issue6NestingLimit, AtMost127LevelsInTheWholeDocument) {
+TEST(JsonNestingLimit, AtMost127LevelsInTheWholeDocument) {
   for (bool objects : {false, true}) {
     SCOPED_TRACE(objects ? "objects" : "arrays");
     ASSERT_ST_OK(open_bytes(nested(125, objects)));

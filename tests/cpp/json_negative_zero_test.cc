@@ -1,4 +1,4 @@
-// Found by tests/python/test_mutations_differential.py (issue 6): simdjson reads the JSON literal -0 as the
+// Found by tests/python/test_mutations_differential.py: simdjson reads the JSON literal -0 as the
 // integer 0, so a shape or offset spelled -0 was accepted; the reference reads it as the float -0.0 and
 // refuses it wherever an integer is required (and ignores it where the schema ignores the value).
 // Regression input: fuzz/regressions/header/negative_zero_*.
@@ -13,7 +13,7 @@ namespace {
 using test::open_bytes;
 using test::raw_file;
 
-TEST(Issue6NegativeZero, IsAFloatWhereAnIntegerIsRequired) {
+TEST(JsonNegativeZero, IsAFloatWhereAnIntegerIsRequired) {
   auto shape = open_bytes(raw_file(R"({"a":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}})"));
   EXPECT_ST_ERROR(shape, kInvalidHeaderJson);
   EXPECT_EQ(shape.error().detail(),
@@ -26,7 +26,7 @@ TEST(Issue6NegativeZero, IsAFloatWhereAnIntegerIsRequired) {
   EXPECT_ST_ERROR(open_bytes(raw_file(R"({"__metadata__":{"k":-0}})")), kInvalidHeaderJson);
 }
 
-TEST(Issue6NegativeZero, IsIgnoredWhereTheSchemaIgnoresTheValue) {
+TEST(JsonNegativeZero, IsIgnoredWhereTheSchemaIgnoresTheValue) {
   auto f = open_bytes(raw_file(R"({"a":{"x":[-0,-0.0,{"y":-0}],"dtype":"U8","shape":[0],"data_offsets":[0,0]}})"));
   ASSERT_ST_OK(f);
   // The header length is the file's, not that of the text the parser was given.
@@ -34,7 +34,7 @@ TEST(Issue6NegativeZero, IsIgnoredWhereTheSchemaIgnoresTheValue) {
             std::string(R"({"a":{"x":[-0,-0.0,{"y":-0}],"dtype":"U8","shape":[0],"data_offsets":[0,0]}})").size());
 }
 
-TEST(Issue6NegativeZero, OtherSpellingsAreUnchanged) {
+TEST(JsonNegativeZero, OtherSpellingsAreUnchanged) {
   // Inside strings -0 is text; -01 stays invalid JSON; -0.0 and -0e0 were floats already.
   auto named = open_bytes(
       raw_file(R"({"layer-0":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"v":"-0"}})", "x"));

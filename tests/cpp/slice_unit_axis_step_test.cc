@@ -1,4 +1,4 @@
-// Found by fuzz/slice_fuzzer.cc (issue 6): a range with a step other than 1 over a length-1 axis kept its
+// Found by fuzz/slice_fuzzer.cc: a range with a step other than 1 over a length-1 axis kept its
 // step in the plan, which split a contiguous sub-byte selection into runs that are not whole bytes. F6
 // x[:, ::-1, :] over shape [2, 1, 2] -- the whole tensor -- was refused with kMisalignedSlice.
 // Regression inputs: fuzz/regressions/slice/f6_unit_axis_*.
@@ -17,7 +17,7 @@ namespace {
 
 using S = SliceIndex;
 
-TEST(Issue6UnitAxisStep, AStepOverALengthOneAxisKeepsTheRunWhole) {
+TEST(SliceUnitAxisStep, AStepOverALengthOneAxisKeepsTheRunWhole) {
   // Four F6 elements are 24 bits; two of them (one run per outer position) would be 12 bits.
   const std::vector<std::uint64_t> shape{2, 1, 2};
   for (std::int64_t step : {std::int64_t{-1}, std::int64_t{3}, INT64_MIN, INT64_MAX}) {
@@ -38,7 +38,7 @@ TEST(Issue6UnitAxisStep, AStepOverALengthOneAxisKeepsTheRunWhole) {
   EXPECT_EQ(f4->nbytes(), 1u);
 }
 
-TEST(Issue6UnitAxisStep, ReadSliceReturnsTheWholeTensor) {
+TEST(SliceUnitAxisStep, ReadSliceReturnsTheWholeTensor) {
   const std::vector<std::byte> data = test::random_bytes(3, 6);
   std::vector<TensorData> td = {{"t", Dtype::kF6_E3M2, {2, 1, 2}, data}};
   auto mem = test::serialized_source(td);

@@ -1,4 +1,4 @@
-#include "read_pieces.h"
+#include "read_chunks.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,18 +13,18 @@ namespace safetensors::internal {
 std::string read_of(std::string_view tensor) { return "read of tensor " + quote(tensor); }
 
 void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
-                std::uint8_t swap, std::vector<ReadPiece>* pieces) {
-  for_each_piece(dst.size(), kReadChunk, [&](std::uint64_t off, std::uint64_t len) {
-    pieces->push_back({&source, source_offset + off, dst.data() + off, len, tensor, swap});
+                std::uint8_t swap, std::vector<ReadChunk>* chunks) {
+  for_each_chunk(dst.size(), kReadChunk, [&](std::uint64_t off, std::uint64_t len) {
+    chunks->push_back({&source, source_offset + off, dst.data() + off, len, tensor, swap});
   });
 }
 
 namespace {
 
-// Reads `group` (pieces of one source, in file order, within its merge_gap of each other) as one read into
-// scratch memory, then copies each piece out: a remote source pays one request for many small tensors.
-Status read_merged(std::span<const ReadPiece> group) {
-  const ReadPiece& first = group.front();
+// Reads `group` (chunks of one source, in file order, within its merge_gap of each other) as one read into
+// scratch memory, then copies each chunk out: a remote source pays one request for many small tensors.
+Status read_merged(std::span<const ReadChunk> group) {
+  const ReadChunk& first = group.front();
   const std::uint64_t lo = first.source_offset;
   const std::uint64_t hi = group.back().source_offset + group.back().length;
   auto scratch = std::make_unique_for_overwrite<std::byte[]>(hi - lo);
@@ -35,7 +35,7 @@ Status read_merged(std::span<const ReadPiece> group) {
           : read_of(first.tensor) +
                 (group.size() > 1 ? " and " + std::to_string(group.size() - 1) + " more" : std::string());
   SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, first.source->read(lo, all, what));
-  for (const ReadPiece& p : group) {
+  for (const ReadChunk& p : group) {
     const std::span<std::byte> dst(p.dst, p.length);
     std::memcpy(dst.data(), bytes.data() + (p.source_offset - lo), p.length);
     byteswap_units(dst, p.swap);
@@ -45,22 +45,22 @@ Status read_merged(std::span<const ReadPiece> group) {
 
 }  // namespace
 
-Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsigned threads) {
-  if (pieces.empty()) return ok_status();
-  const ReadHints hints = pieces.front().source->read_hints();
+Status read_chunks(std::span<const ReadChunk> chunks, std::uint64_t total, unsigned threads) {
+  if (chunks.empty()) return ok_status();
+  const ReadHints hints = chunks.front().source->read_hints();
   if (threads == 0) {
     threads = hints.parallelism > 0 ? hints.parallelism : default_threads(total, kReadChunk);
   }
-  // Groups of consecutive pieces worth one read: where the source says separate reads cost more than the
-  // bytes between them (merge_gap), pieces smaller than that are merged with their neighbours in the file,
+  // Groups of consecutive chunks worth one read: where the source says separate reads cost more than the
+  // bytes between them (merge_gap), chunks smaller than that are merged with their neighbours in the file,
   // up to kReadChunk. Each group is [groups[g], groups[g + 1]).
   std::vector<std::size_t> groups;
-  groups.reserve(pieces.size() + 1);
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
+  groups.reserve(chunks.size() + 1);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
     if (i > 0 && hints.merge_gap > 0) {
-      const ReadPiece& start = pieces[groups.back()];
-      const ReadPiece& prev = pieces[i - 1];
-      const ReadPiece& p = pieces[i];
+      const ReadChunk& start = chunks[groups.back()];
+      const ReadChunk& prev = chunks[i - 1];
+      const ReadChunk& p = chunks[i];
       const std::uint64_t prev_end = prev.source_offset + prev.length;
       const bool small = prev.length < hints.merge_gap && p.length < hints.merge_gap;
       if (small && p.source == start.source && p.source_offset >= prev_end &&
@@ -71,17 +71,17 @@ Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsig
     }
     groups.push_back(i);
   }
-  groups.push_back(pieces.size());
+  groups.push_back(chunks.size());
   const std::size_t count = groups.size() - 1;
   return run_parallel(count, threads, [&](std::size_t g) -> Status {
     hint_ahead(g, count, [&](std::size_t k) {
-      const ReadPiece& a = pieces[groups[k]];
-      const ReadPiece& b = pieces[groups[k + 1] - 1];
+      const ReadChunk& a = chunks[groups[k]];
+      const ReadChunk& b = chunks[groups[k + 1] - 1];
       a.source->prefetch(a.source_offset, b.source_offset + b.length - a.source_offset);
     });
-    const std::span<const ReadPiece> group = pieces.subspan(groups[g], groups[g + 1] - groups[g]);
+    const std::span<const ReadChunk> group = chunks.subspan(groups[g], groups[g + 1] - groups[g]);
     if (group.size() > 1) return read_merged(group);
-    const ReadPiece& p = group.front();
+    const ReadChunk& p = group.front();
     const std::string what = p.tensor.empty() ? std::string("read of the data buffer") : read_of(p.tensor);
     const std::span<std::byte> dst(p.dst, p.length);
     SAFETENSORS_RETURN_IF_ERROR(read_exact(*p.source, p.source_offset, dst, what));

@@ -1,4 +1,4 @@
-// Issue 15: big-endian hosts. The format is little-endian; reads into caller memory deliver native values,
+// Big-endian hosts. The format is little-endian; reads into caller memory deliver native values,
 // the writer writes little-endian from native values without touching the caller's memory, and views are
 // the file's bytes. On a little-endian host the golden checks pin the file bytes; under qemu-s390x
 // (scripts/test.d/60-big-endian.sh) the same tests check the swaps.

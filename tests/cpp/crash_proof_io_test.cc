@@ -1,4 +1,4 @@
-// Issue 14: crash-proof I/O.
+// Crash-proof I/O.
 //
 // - Every read the library makes for a caller is a positional read, on the mmap backend too: a file that
 //   shrank after it was opened gives kIo naming the file and the tensor, never SIGBUS (C++ and C API).

@@ -1,0 +1,128 @@
+"""Loading a checkpoint on every rank of a ``torch.distributed`` process group, each byte read once per group.
+
+When every rank of a job opens the same checkpoint and reads all of it, storage serves it ``world`` times (8
+ranks on NFS read it 8 times). Here the ranks split the reading and hand each other the bytes over the
+process group's own collectives -- NCCL on CUDA, HCCL on Ascend NPU, gloo on the CPU; no transport of our own.
+
+A load runs in five steps, the same on every rank:
+
+1. Open and plan, locally. Each rank opens the files and turns its own plan (``None``: every tensor whole;
+   else ``{name: None | slice of rows}``, validated exactly as ``safe_open.prefetch`` validates its plans)
+   into byte intervals of each file's data buffer.
+2. Agree, before any data moves (one ``all_gather_object``): every rank's status (ok, or its error text), the
+   layout of every file it opened, its device type and its intervals. An error on any rank, ranks whose
+   files differ in layout, or ranks loading to different device types raise the same SafetensorError on
+   every rank.
+3. Schedule, identically on every rank from what was gathered (:func:`schedule`): the union of all intervals
+   is cut where the set of ranks needing the bytes changes, and at chunk boundaries (multiples of
+   ``chunk_bytes`` in file offsets, so page-aligned); each chunk gets one reader among the ranks that need it,
+   the one with the fewest bytes assigned so far. Bytes no rank needs are in no chunk: nobody reads them.
+4. Move, in schedule order. A chunk's reader reads it with the native positional reads (GIL released) and
+   broadcasts it when every rank needs it, or sends it to the ranks that need it; those receive it. The
+   collectives are asynchronous, at most a window of chunks in flight, so a rank reads its next chunk while
+   the previous ones travel. A chunk inside one tensor lands in that tensor; other chunks land in a staging
+   buffer and are copied out. Accelerators communicate on the destination device; a gloo group moves CPU
+   tensors.
+5. Agree again: a read that failed does not leave its rank's collectives (it sends what it has, so nobody
+   waits forever); the error is exchanged at the end and raised on every rank with the same text.
+
+A rank that dies makes the others' collectives fail (at once when its connections close, else after the
+process group's timeout); that is raised as a SafetensorError and the process group is unusable afterwards.
+
+The modules, in the order of the steps: ``_opening`` (1: what a rank opens, on ``ShardedFile``, and its plan,
+through prefetch's ``plan_pieces``), ``_group`` (2, 5: the process group and its collectives of statuses),
+``_schedule`` (3: a pure function), ``_moving`` (4: reads and exchanges; ``read_chunk`` is the read seam) and
+``_load`` (the steps in order).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from .._core import PathLike, SafetensorError  # noqa: F401 - callers catch it from here
+from . import _load, _opening
+from ._load import Plan
+from ._moving import LoadStats
+from ._schedule import Chunk, schedule  # noqa: F401 - the schedule is public for tests and tools
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "LoadStats", "load_file", "load_sharded", "schedule"]
+
+
+#: Bytes per chunk: the unit of reading and of one collective. A multiple of the page size. Chunks stay under
+#: 1.5x this, so each is one positional read of the native reader (which splits reads at 8 MiB): the kernel
+#: takes a lone read for a random one and reads just it, where two chunks look sequential and its readahead
+#: (up to read_ahead_kb) runs into the next rank's chunk -- storage reads grew from 1/world to nearly the
+#: whole file per rank with 16 MiB chunks on a disk with read_ahead_kb=8192.
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+# -- the public entry points -----------------------------------------------------------------------------------
+
+def load_file(
+    filename: PathLike,
+    device: Union[str, int, torch.device] = "cpu",
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    plan: Plan = None,
+    backend: str = "pread",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    stats: Optional[LoadStats] = None,
+) -> Dict[str, torch.Tensor]:
+    """Loads ``filename`` on every rank of ``group``, reading each byte from storage once per group.
+
+    Every rank of the group must call this (a collective). Ranks may pass different paths to the same
+    checkpoint (e.g. a local copy per host) and different plans.
+
+    Args:
+        filename: the ``.safetensors`` file.
+        device: where this rank's tensors go (``"cpu"``, ``"cuda:1"``, ``"npu:0"``, an int, a ``torch.device``,
+            ``"meta"``); every rank must name the same device type.
+        group: the process group (None: the default group). Its backend moves the bytes: NCCL/HCCL/... on
+            the destination device, gloo (or MPI) through CPU tensors.
+        plan: ``None``: every tensor, whole (each rank gets exactly what ``safetensors.torch.load_file``
+            gives). Else this rank's ``{name: None | slice}``: ``None`` for a whole tensor, a step-1 slice for
+            rows ``[start, stop)`` of its first dimension (negative bounds count from the end; never clamped),
+            as for ``safe_open.prefetch``; ``{}`` takes part in the load and gets nothing. Ranks needing the
+            same bytes share one read; bytes no rank needs are not read.
+        backend: how files are opened (``"pread"`` or ``"mmap"``); tensors always own their memory.
+        chunk_bytes: bytes per chunk (a multiple of the page size): the unit of one read and one collective.
+        stats: a :class:`LoadStats` to fill with what this rank read and moved.
+
+    Returns:
+        ``{name: tensor}`` in file order: this rank's tensors (slices for sliced plan entries) on ``device``.
+
+    Raises:
+        SafetensorError: on every rank, with the same text, when any rank's file or plan is wrong (missing
+            file or tensor, bad slice, ...), when ranks opened files of different layouts, or when a read
+            failed on some rank; on the surviving ranks when a rank died or a collective timed out (bounded
+            by the process group's timeout; the group is unusable afterwards).
+    """
+    return _load.load(partial(_opening.open_file, filename), device, group, plan, backend, chunk_bytes, stats)
+
+
+def load_sharded(
+    checkpoint: Union[PathLike, Sequence[PathLike]],
+    device: Union[str, int, torch.device] = "cpu",
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    plan: Plan = None,
+    backend: str = "pread",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    stats: Optional[LoadStats] = None,
+) -> Dict[str, torch.Tensor]:
+    """:func:`load_file` for a checkpoint of several files, planned and scheduled as one.
+
+    ``checkpoint`` is an index file (``model.safetensors.index.json``: the shards it names, each limited to
+    the tensors its ``weight_map`` assigns to it), a directory (its one index file, else every
+    ``*.safetensors`` file in it), a single ``.safetensors`` file, or a sequence of ``.safetensors`` files.
+    ``plan`` names tensors of the whole checkpoint. Returns ``{name: tensor}`` in shard order, then file order
+    within a shard. Arguments and errors are those of :func:`load_file`; a name in no shard is refused with
+    ``... does not contain tensor NAME``, a name in two shards (no index) as ``ShardedFile`` refuses it.
+    """
+    return _load.load(partial(_opening.open_checkpoint, checkpoint), device, group, plan, backend, chunk_bytes,
+                      stats)
+
