@@ -66,22 +66,34 @@ def write_checkpoint(path: Path, size: int, count: int) -> int:
 
 
 class _RecordingPrefetcher:
-    """The engine's Prefetcher, counting the staged events handed out and keeping its stats at close."""
+    """The engine's Prefetcher, keeping its stats at close."""
+
+    def __init__(self, inner: Any, record: Dict[str, Any]) -> None:
+        self._inner = inner
+        self._record = record
+
+    def close(self) -> None:
+        if "stats" not in self._record:
+            self._record["stats"] = dict(self._inner.stats())
+        self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _RecordingQueue:
+    """The engine's CopyQueue over a recorded Prefetcher, counting the staged events it hands out (each one a copy
+    the loader issues)."""
 
     def __init__(self, inner: Any, record: Dict[str, Any]) -> None:
         self._inner = inner
         self._record = record
 
     def next(self, *args: Any, **kwargs: Any) -> Any:
-        event = self._inner.next(*args, **kwargs)
+        event, landed = self._inner.next(*args, **kwargs)
         if event.kind == "staged" and event.size:
             self._record["copies_issued"] += 1
-        return event
-
-    def close(self) -> None:
-        if "stats" not in self._record:
-            self._record["stats"] = dict(self._inner.stats())
-        self._inner.close()
+        return event, landed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -98,6 +110,9 @@ class _RecordingModule:
         record: Dict[str, Any] = {"copies_issued": 0}
         self.records.append(record)
         return _RecordingPrefetcher(self._inner.Prefetcher(*args, **kwargs), record)
+
+    def CopyQueue(self, prefetcher: _RecordingPrefetcher, *args: Any) -> Any:  # noqa: N802 (the wrapped class's name)
+        return _RecordingQueue(self._inner.CopyQueue(prefetcher._inner, *args), prefetcher._record)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
