@@ -22,6 +22,18 @@ class SlicePlan:
     @property
     def is_whole(self) -> bool: ...
 
+    @property
+    def first_element(self) -> int:
+        """
+        The result as a strided view of the tensor: the row-major index of its first element.
+        """
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """
+        The result as a strided view of the tensor: per axis, the distance in elements between neighbours (negative where a range walks backwards).
+        """
+
 class PySafeSlice:
     """
     A tensor not read yet: get_shape(), get_dtype(), len() and [index] with numpy semantics (read through safe_open's reader).
