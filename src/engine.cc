@@ -24,7 +24,6 @@ namespace {
 
 constexpr std::uint64_t kPage = SlabPool::kPageBytes;
 constexpr unsigned kDefaultThreads = 8;
-constexpr unsigned kMaxThreads = 64;
 
 std::uint64_t round_up_to_page(std::uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
@@ -806,9 +805,9 @@ Prefetcher::~Prefetcher() = default;
 Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Piece> plan,
                                                       const PrefetchOptions& options) {
   const std::string path = file.path();
-  if (options.threads > kMaxThreads) {
-    return Error::invalid_argument(
-        path, "prefetch threads " + std::to_string(options.threads) + " exceed " + std::to_string(kMaxThreads));
+  if (options.threads > PrefetchOptions::kMaxThreads) {
+    return Error::invalid_argument(path, "prefetch threads " + std::to_string(options.threads) + " exceed " +
+                                             std::to_string(PrefetchOptions::kMaxThreads));
   }
   if (options.chunk_bytes == 0) return Error::invalid_argument(path, "prefetch chunk_bytes must be positive");
   const std::uint64_t data_size = file.size() - file.data_offset();

@@ -11,6 +11,7 @@ import array
 import contextlib
 import gc
 import importlib
+import operator
 import os
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -289,19 +290,26 @@ class safe_open(_cpp.SafeOpenBase):
                 ``[start, stop)`` of the first dimension (step 1; negative bounds count from the end).
             device: where the tensors go (defaults to the handle's device): ``"cpu"``, ``"cuda:0"``,
                 ``"npu:1"``, an int (a device of the current accelerator), a ``torch.device``...
-            threads: reader threads of this loader (CPU loads).
+            threads: reader threads of this loader (CPU loads): any positive integer; at most 64 run (the
+                engine's maximum, ``_safetensors_cpp.PREFETCH_MAX_THREADS``), fewer where the plan has
+                fewer chunks.
 
         Every error of the plan is raised here, before anything is read. Only ``framework="pt"``.
         """
+        # Checked first, as the reference's argument parsing does, and in its words: Python's TypeError for a
+        # non-integer, PyO3's OverflowError for a negative one.
+        threads = operator.index(threads)
+        if threads < 0:
+            raise OverflowError("can't convert negative int to unsigned")
+        if threads == 0:
+            raise SafetensorError("prefetch threads must be a positive integer, got 0")
         reader = self._open()
         if reader.adapter.name != "pytorch":
             raise SafetensorError('prefetch is only compatible with framework="pt"')
         from ._prefetch import plan_pieces
 
         target = reader.device if device is None else reader.adapter.resolve_device(device)
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise SafetensorError(f"prefetch threads must be a positive integer, got {threads!r}")
-        return PrefetchLoader(reader, plan_pieces(reader, plan), target, threads)
+        return PrefetchLoader(reader, plan_pieces(reader, plan), target, min(threads, _cpp.PREFETCH_MAX_THREADS))
 
 
 class TensorMeta:

@@ -182,6 +182,8 @@ def live_mappings() -> int:
 
 DEFAULT_MAX_HEADER_BYTES: int = 100000000
 
+PREFETCH_MAX_THREADS: int = 64
+
 def tensor_piece(file: File, name: str) -> tuple[int, int]:
     """The data-buffer range [begin, end) of a whole tensor."""
 

@@ -150,6 +150,7 @@ using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optio
 }  // namespace
 
 void bind_engine(nb::module_& m) {
+  m.attr("PREFETCH_MAX_THREADS") = PrefetchOptions::kMaxThreads;
   m.def(
       "tensor_piece",
       [](const File& f, std::string_view name) {
