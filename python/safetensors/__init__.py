@@ -20,6 +20,12 @@ from ._core import (  # noqa: F401
     serialize_file,
 )
 
+from ._core import IO_ERRORS as _IO_ERRORS
+
+# SafetensorPermissionError, SafetensorFileNotFoundError, ...: their __module__ is this package, where pickled
+# errors look them up.
+globals().update(_IO_ERRORS)
+
 __version__ = "0.8.0+cpp.2"
 
 __all__ = [

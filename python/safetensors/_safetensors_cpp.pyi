@@ -4,9 +4,23 @@ from collections.abc import Callable, Sequence
 import types
 
 from safetensors import (
+    SafetensorBlockingIOError as SafetensorBlockingIOError,
+    SafetensorBrokenPipeError as SafetensorBrokenPipeError,
+    SafetensorChildProcessError as SafetensorChildProcessError,
+    SafetensorConnectionAbortedError as SafetensorConnectionAbortedError,
+    SafetensorConnectionRefusedError as SafetensorConnectionRefusedError,
+    SafetensorConnectionResetError as SafetensorConnectionResetError,
     SafetensorError as SafetensorError,
+    SafetensorFileExistsError as SafetensorFileExistsError,
+    SafetensorFileNotFoundError as SafetensorFileNotFoundError,
     SafetensorIOError as SafetensorIOError,
-    SafetensorSliceError as SafetensorSliceError
+    SafetensorInterruptedError as SafetensorInterruptedError,
+    SafetensorIsADirectoryError as SafetensorIsADirectoryError,
+    SafetensorNotADirectoryError as SafetensorNotADirectoryError,
+    SafetensorPermissionError as SafetensorPermissionError,
+    SafetensorProcessLookupError as SafetensorProcessLookupError,
+    SafetensorSliceError as SafetensorSliceError,
+    SafetensorTimeoutError as SafetensorTimeoutError
 )
 
 
