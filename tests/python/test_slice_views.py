@@ -66,6 +66,39 @@ def test_selections_a_view_can_show_are_views(path, index):
     assert got.shape == expected.shape and np.array_equal(got.numpy(), expected)
 
 
+GEOMETRY = r"""
+import torch
+from safetensors import safe_open
+result = []
+with safe_open(path, "pt") as f:
+    whole = f.get_tensor("w")
+    for index in indices:
+        try:
+            t = f.get_slice("w")[index]
+        except Exception as e:
+            result.append(type(e).__name__)
+            continue
+        shares = t.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+        # An empty view points at no element, and an axis of length 1 takes no step: where they point is not
+        # compared.
+        offset = t.storage_offset() if t.numel() else None
+        strides = tuple(None if n == 1 else s for n, s in zip(t.shape, t.stride()))
+        result.append((tuple(t.shape), strides, offset, shares))
+"""
+
+
+def test_views_have_the_references_geometry(path, reference):
+    """Shape, strides, storage offset and shared storage, as the reference's torch views have them."""
+    theirs = reference.run(GEOMETRY, path=str(path), indices=VIEWS)
+    ours = {"path": str(path), "indices": VIEWS}
+    exec(GEOMETRY, ours)
+    for index, mine, ref in zip(VIEWS, ours["result"], theirs):
+        if index == (slice(2, 1, -1), 0):  # torch refuses a negative step, even over one position
+            assert ref == "ValueError"
+            continue
+        assert mine == ref, index
+
+
 @pytest.mark.parametrize("index", COPIES, ids=repr)
 def test_negative_steps_and_integer_lists_are_copies(path, index):
     with safe_open(path, "pt") as f:
