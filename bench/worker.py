@@ -370,7 +370,8 @@ def op_prealloc(p: Dict[str, Any]) -> Dict[str, Any]:
 
 def op_slice(p: Dict[str, Any]) -> Dict[str, Any]:
     """Tensor-parallel rank k of 8: columns [k*cols//8, (k+1)*cols//8) of every 2-D tensor, made contiguous
-    (a no-op where the library already returns contiguous memory; a copy of the reference's torch views)."""
+    (a no-op where the library returns contiguous memory; a copy of strided views of the mapping) unless
+    p["contiguous"] is False."""
     from safetensors import safe_open
 
     path, k = p["path"], p["k"]
@@ -387,7 +388,7 @@ def op_slice(p: Dict[str, Any]) -> Dict[str, Any]:
                 continue
             cols = shape[1]
             t = sl[:, k * cols // 8 : (k + 1) * cols // 8]
-            if not t.is_contiguous():
+            if p.get("contiguous", True) and not t.is_contiguous():
                 t = t.contiguous()
             parts.append(t)
     t = time.perf_counter() - t0

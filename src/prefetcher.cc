@@ -22,7 +22,6 @@
 namespace safetensors {
 namespace {
 
-constexpr unsigned kMaxThreads = 64;
 
 using internal::Chunk;
 using internal::Lease;
@@ -343,9 +342,10 @@ Prefetcher::~Prefetcher() = default;
 Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Piece> plan,
                                                       const PrefetchOptions& options) {
   const std::string path = file.path();
-  if (options.threads > kMaxThreads) {
+  if (options.threads > PrefetchOptions::kMaxThreads) {
     return Error::invalid_argument(
-        path, "prefetch threads " + std::to_string(options.threads) + " exceed " + std::to_string(kMaxThreads));
+        path, "prefetch threads " + std::to_string(options.threads) + " exceed " +
+                  std::to_string(PrefetchOptions::kMaxThreads));
   }
   if (options.chunk_bytes == 0) return Error::invalid_argument(path, "prefetch chunk_bytes must be positive");
   const std::uint64_t data_size = file.size() - file.data_offset();

@@ -106,18 +106,28 @@ Result<SlicePlan> SlicePlan::make(Dtype dtype, std::span<const std::uint64_t> sh
   }
   push_full(ndim - axes.size());
 
-  SlicePlan plan;
-  plan.dtype_ = dtype;
-  std::uint64_t out_numel = 1;
-  for (const AxisSpec& a : axes) {
-    if (a.keep) plan.shape_.push_back(a.count);
-    out_numel *= a.count;  // <= numel: cannot overflow
-  }
-  if (out_numel == 0) return plan;
-
   // Element strides (row-major). Bounded by numel, which fits.
   std::vector<std::uint64_t> stride(ndim, 1);
   for (std::size_t d = ndim; d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+
+  SlicePlan plan;
+  plan.dtype_ = dtype;
+  std::uint64_t out_numel = 1;
+  i128 first = 0;
+  for (std::size_t d = 0; d < ndim; ++d) {
+    const AxisSpec& a = axes[d];
+    first += i128(a.start) * stride[d];  // a.start < shape[d] where count > 0: the sum stays below numel
+    if (a.keep) {
+      plan.shape_.push_back(a.count);
+      // |step| < shape[d] where count > 1 (else 1), so |step * stride| <= numel.
+      const i128 view_stride = i128(a.step) * stride[d];
+      if (view_stride > INT64_MAX || view_stride < INT64_MIN) return slice_error("step too large");
+      plan.strides_.push_back(static_cast<std::int64_t>(view_stride));
+    }
+    out_numel *= a.count;  // <= numel: cannot overflow
+  }
+  plan.first_element_ = static_cast<std::uint64_t>(first);
+  if (out_numel == 0) return plan;
 
   // The run: trailing axes taken whole form a contiguous block; the next axis inward-out extends the run when
   // it has step 1, and is walked otherwise.

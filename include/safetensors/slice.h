@@ -77,6 +77,12 @@ class SAFETENSORS_EXPORT SlicePlan {
   std::uint64_t source_end() const { return source_end_; }
   // True when the result is one run that is the whole tensor.
   bool is_whole() const { return whole_; }
+  // The result as a strided view of the tensor's elements, as numpy would make it: the index (in row-major
+  // order) of the result's first element, and per result axis the distance in elements between neighbours
+  // (negative where a range walks backwards; an axis of length 0 or 1 has its row-major stride). For a view of
+  // sub-byte elements, mind that an element may not start on a byte.
+  std::uint64_t first_element() const { return first_element_; }
+  const std::vector<std::int64_t>& strides() const { return strides_; }
 
   // Calls fn(const SliceRun&) for every run in result order; stops early and returns false when fn returns
   // false.
@@ -106,6 +112,8 @@ class SAFETENSORS_EXPORT SlicePlan {
   std::uint64_t source_begin_ = 0;
   std::uint64_t source_end_ = 0;
   bool whole_ = false;
+  std::uint64_t first_element_ = 0;
+  std::vector<std::int64_t> strides_;  // one per result axis, in elements
 };
 
 template <typename Fn>

@@ -17,6 +17,12 @@ from ._core import (
 from ._prefetch import PrefetchLoader, TensorStream
 from ._safe_open import PySafeSlice, safe_open
 
+from ._core import IO_ERRORS as _IO_ERRORS
+
+# SafetensorPermissionError, SafetensorFileNotFoundError, ...: their __module__ is this package, where pickled
+# errors look them up.
+globals().update(_IO_ERRORS)
+
 __version__ = "0.8.0+cpp.2"
 
 

@@ -109,6 +109,12 @@ class Framework:
     def reshape(self, tensor: Any, shape: Tuple[int, ...]) -> Any:
         return tensor.reshape(shape)
 
+    def as_strided(self, tensor: Any, shape: Tuple[int, ...], strides: Tuple[int, ...], first: int) -> Any:
+        """A view of ``tensor`` (a whole tensor, C-contiguous, of whole-byte elements) with ``shape`` and
+        ``strides`` (in elements, none negative) starting at its element number ``first``: the same storage.
+        For DLPack adapters (their slices of mapped files are such views); this default is torch's."""
+        return tensor.as_strided(shape, strides, tensor.storage_offset() + first)
+
     def stack(self, tensors: List[Any], axis: int) -> Any:
         raise NotImplementedError
 

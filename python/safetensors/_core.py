@@ -41,6 +41,11 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+#: SafetensorIOError's subclasses by name, one per OSError subclass Python picks by errno: an I/O error is the
+#: one of its errno (SafetensorPermissionError for EACCES and EPERM: also a PermissionError, ...), else a plain
+#: SafetensorIOError. Made by the native module (python/src/errors.cc), which raises them.
+IO_ERRORS: Dict[str, type] = {cls.__name__: cls for cls in SafetensorIOError.__subclasses__()}
+
 
 class DtypeRow(NamedTuple):
     """One row of the C++ dtype table (include/safetensors/dtype.h has what each field means)."""

@@ -8,6 +8,7 @@ use, so opening a numpy file never imports torch; each framework module supplies
 from __future__ import annotations
 
 import importlib
+import operator
 from typing import Any, Callable, Dict, List, Optional
 
 from . import _safetensors_cpp as _cpp
@@ -124,17 +125,25 @@ class safe_open(_cpp.SafeOpenBase):
                 ``[start, stop)`` of the first dimension (step 1; negative bounds count from the end).
             device: where the tensors go (defaults to the handle's device): ``"cpu"``, ``"cuda:0"``,
                 ``"npu:1"``, an int (a device of the current accelerator), a ``torch.device``...
-            threads: reader threads of this loader (CPU loads).
+            threads: reader threads of this loader (CPU loads): any positive integer; at most 64 run (the
+                engine's maximum, ``_safetensors_cpp.PREFETCH_MAX_THREADS``), fewer where the plan has
+                fewer chunks.
 
         Every error of the plan is raised here, before anything is read. Only ``framework="pt"``.
         """
+        # Checked first, as the reference's argument parsing does, and in its words: Python's TypeError for a
+        # non-integer, PyO3's OverflowError for a negative one.
+        threads = operator.index(threads)
+        if threads < 0:
+            raise OverflowError("can't convert negative int to unsigned")
+        if threads == 0:
+            raise SafetensorError("prefetch threads must be a positive integer, got 0")
         reader = self._open()
         if reader.adapter.name != "pytorch":
             raise SafetensorError('prefetch is only compatible with framework="pt"')
         target = reader.device if device is None else reader.adapter.resolve_device(device)
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise SafetensorError(f"prefetch threads must be a positive integer, got {threads!r}")
-        return PrefetchLoader(reader.file, plan_pieces(reader.file, plan), target, threads)
+        return PrefetchLoader(reader.file, plan_pieces(reader.file, plan), target,
+                              min(threads, _cpp.PREFETCH_MAX_THREADS))
 
 
 # A tensor not read yet: get_shape(), get_dtype(), len() and [index] (numpy semantics); native, see

@@ -5,9 +5,23 @@ import types
 from typing import Any
 
 from safetensors import (
+    SafetensorBlockingIOError as SafetensorBlockingIOError,
+    SafetensorBrokenPipeError as SafetensorBrokenPipeError,
+    SafetensorChildProcessError as SafetensorChildProcessError,
+    SafetensorConnectionAbortedError as SafetensorConnectionAbortedError,
+    SafetensorConnectionRefusedError as SafetensorConnectionRefusedError,
+    SafetensorConnectionResetError as SafetensorConnectionResetError,
     SafetensorError as SafetensorError,
+    SafetensorFileExistsError as SafetensorFileExistsError,
+    SafetensorFileNotFoundError as SafetensorFileNotFoundError,
     SafetensorIOError as SafetensorIOError,
-    SafetensorSliceError as SafetensorSliceError
+    SafetensorInterruptedError as SafetensorInterruptedError,
+    SafetensorIsADirectoryError as SafetensorIsADirectoryError,
+    SafetensorNotADirectoryError as SafetensorNotADirectoryError,
+    SafetensorPermissionError as SafetensorPermissionError,
+    SafetensorProcessLookupError as SafetensorProcessLookupError,
+    SafetensorSliceError as SafetensorSliceError,
+    SafetensorTimeoutError as SafetensorTimeoutError
 )
 
 
@@ -22,6 +36,18 @@ class SlicePlan:
 
     @property
     def is_whole(self) -> bool: ...
+
+    @property
+    def first_element(self) -> int:
+        """
+        The result as a strided view of the tensor: the row-major index of its first element.
+        """
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """
+        The result as a strided view of the tensor: per axis, the distance in elements between neighbours (negative where a range walks backwards).
+        """
 
 class PySafeSlice:
     """
@@ -210,6 +236,8 @@ DEFAULT_CHUNK_BYTES: int = 8388608
 DEFAULT_STAGING_BYTES: int = 268435456
 
 DEFAULT_SLAB_BYTES: int = 8388608
+
+PREFETCH_MAX_THREADS: int = 64
 
 def tensor_piece(file: File, name: str) -> tuple[int, int]:
     """The data-buffer range [begin, end) of a whole tensor."""

@@ -55,7 +55,7 @@ class IndexPlan:
     then its axis comes first.
     """
 
-    __slots__ = ("spec", "gather_position", "gather_values", "slots", "moved_empty_axis")
+    __slots__ = ("spec", "gather_position", "gather_values", "slots", "moved_empty_axis", "lists")
 
     def __init__(self) -> None:
         self.spec: List[Any] = []  # what the native slicer reads: ints, slices and Ellipsis
@@ -65,6 +65,7 @@ class IndexPlan:
         # An empty list is read as an empty range; when numpy would move its axis to the front, this is that
         # axis's position in the native read (the result is empty, so moving it is only a reshape).
         self.moved_empty_axis: Optional[int] = None
+        self.lists = False  # whether the index has an integer list (an empty one included)
 
     @property
     def gather_axis(self) -> Optional[int]:
@@ -131,6 +132,7 @@ def parse_index(index: Any, ndim: int) -> IndexPlan:
             raise _invalid(item)
     if kinds.count("list") > 1:
         raise SafetensorSliceError("only one integer-list (advanced) index is supported")
+    plan.lists = "list" in kinds
     explicit = sum(k in ("int", "slice", "list") for k in kinds)
 
     for item, kind in zip(items, kinds):

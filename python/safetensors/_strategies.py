@@ -18,8 +18,11 @@ staged    the adapter stages loads onto the device          ``adapter.stage``: t
 ========  ================================================  ==================================================
 
 Slices read only the bytes they select (File.read_slice into ``adapter.empty``) under every strategy but
-meta; under the staged one, adapters with ``stages_rows`` stream whole rows of the first dimension through the
-engine.
+meta; under the view one, DLPack adapters (torch) get a strided view of the tensor's view instead wherever a
+view can show the selection (``adapter.as_strided``: integers, slices with positive steps, ``...``, ``None``;
+not a negative step, an integer list, elements that are not whole bytes, nor a tensor ``File.view`` does not
+give: a read-only mapping, bytes this host swaps); under the staged one, adapters with ``stages_rows`` stream
+whole rows of the first dimension through the engine.
 
 An adapter (``_adapter.Framework``) supplies only construction primitives, and declares which kind of export it
 builds from: ``dlpack = True`` -- ``from_dlpack(capsule)``, and ``reinterpret(tensor, code, shape)`` for the
@@ -301,6 +304,27 @@ def _stage_rows(reader: _Reader, name: str, code: str, shape: Tuple[int, ...], s
     return reader.adapter.stage(reader.file, [(name, piece)], reader.device)[name]
 
 
+#: Codes whose elements are whole bytes: a slice of them can be a strided view (F4 and F6 pack values).
+_WHOLE_BYTES = frozenset(row[0] for row in _cpp.dtype_table() if row[1] % 8 == 0)  # row[1]: bits
+
+
+def _view_slice(reader: _Reader, name: str, code: str, plan: Any) -> Any:
+    """The selection as a strided view of the tensor's whole view (the same storage: it keeps the mapping
+    alive, as whole-tensor views do), or None where a view cannot show it."""
+    native = reader.file.plan_slice(name, plan.spec)  # the slicer's checks, and the view's geometry
+    strides = native.strides
+    if any(stride < 0 for stride in strides):  # torch has no negative strides
+        return None
+    capsule = reader.file.view(name)
+    if capsule is None:  # a read-only mapping, or bytes this host swaps
+        return None
+    whole = _from_dlpack(reader, name, capsule)
+    tensor = reader.adapter.as_strided(whole, native.shape, strides, native.first_element)
+    if plan.needs_reshape:  # new axes (None) only, without an integer list: a view still
+        tensor = reader.adapter.reshape(tensor, plan.result_shape(native.shape))
+    return tensor
+
+
 def get_slice(reader: _Reader, name: str, code: str, plan: Any) -> Any:
     """What the parsed index ``plan`` (``_slicing.IndexPlan``) selects of tensor ``name``."""
     adapter, file = reader.adapter, reader.file
@@ -308,6 +332,10 @@ def get_slice(reader: _Reader, name: str, code: str, plan: Any) -> Any:
     if reader.strategy == META:
         shape = plan.meta_shape(file.plan_slice(name, reads[0]).shape)
         return adapter.meta(code, shape, reader.device)
+    if reader.strategy == VIEW and adapter.dlpack and not plan.lists and code in _WHOLE_BYTES:
+        tensor = _view_slice(reader, name, code, plan)
+        if tensor is not None:
+            return tensor
     if reader.strategy == STAGED and adapter.stages_rows:
         # Rows of the first dimension are one byte range: the engine streams them to the device like a whole
         # tensor. A selection inside one such range of rows (rows[2:9, ::4], w[5, 1:3]) streams those rows and

@@ -188,22 +188,24 @@ def _is_complete(tensor: torch.Tensor) -> bool:
 
 
 def _filter_shared_not_shared(tensors: List[Set[str]], state_dict: Dict[str, torch.Tensor]) -> List[Set[str]]:
-    """Splits each group of names on one storage into runs of overlapping byte ranges, as the reference does:
-    ranges sorted by (start, end, name), a range starting before the end of the range just before it joins
-    that range's group (the end compared is the previous range's own, not the group's furthest)."""
+    """Splits each group of names on one storage into groups of overlapping byte ranges, transitively: ranges
+    sorted by (start, end, name), a range starting before the furthest end seen in the current group joins it
+    (a range nested in a longer one does not end the group early). The reference's releases compare with the
+    previous range's own end only; its main branch fixed that, and this follows the fix."""
     out: List[Set[str]] = []
     for shared in tensors:
         if len(shared) < 2:
             out.append(shared)
             continue
         spans = sorted((state_dict[n].data_ptr(), _end_ptr(state_dict[n]), n) for n in shared)
-        previous_end = None
+        group_end = None
         for start, end, name in spans:
-            if previous_end is not None and start < previous_end:
+            if group_end is not None and start < group_end:
                 out[-1].add(name)
+                group_end = max(group_end, end)
             else:
                 out.append({name})
-            previous_end = end
+                group_end = end
     return out
 
 
@@ -230,7 +232,11 @@ def _remove_duplicate_names(
     discard = set(discard_names or [])
     to_remove: Dict[str, List[str]] = defaultdict(list)
     for shared in _find_shared_tensors(state_dict):
-        # Singletons too: a lone view of a larger storage has no name covering it (the reference refuses it).
+        if len(shared) == 1:
+            # Nothing to drop. A lone view of a larger storage is saved as its own bytes: parameters packed
+            # into one buffer as disjoint views (an RNN after flatten_parameters, cuDNN). The reference's
+            # releases refuse it; its main branch accepts it, as here.
+            continue
         complete = {name for name in shared if _is_complete(state_dict[name])}
         if not complete:
             raise RuntimeError(

@@ -233,6 +233,7 @@ void bind_engine(nb::module_& m) {
   m.attr("DEFAULT_CHUNK_BYTES") = kDefaultChunkBytes;
   m.attr("DEFAULT_STAGING_BYTES") = SlabPool::kDefaultCapacity;
   m.attr("DEFAULT_SLAB_BYTES") = SlabPool::kDefaultSlabBytes;
+  m.attr("PREFETCH_MAX_THREADS") = PrefetchOptions::kMaxThreads;
   const std::string prefetcher_init =
       "def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = " +
       std::to_string(kDefaultReaderThreads) + ", chunk_bytes: int = " + std::to_string(kDefaultChunkBytes) +

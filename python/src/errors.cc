@@ -4,7 +4,9 @@
 
 #include <cerrno>
 #include <exception>
+#include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "common.h"
@@ -23,6 +25,15 @@ struct TranslatedError {
 PyObject* g_safetensor_error = nullptr;  // safetensors.SafetensorError
 PyObject* g_slice_error = nullptr;       // safetensors.SafetensorSliceError(SafetensorError, IndexError, ValueError)
 PyObject* g_io_error = nullptr;          // safetensors.SafetensorIOError(SafetensorError, OSError)
+// errno -> safetensors.Safetensor<X>(SafetensorIOError, X), where X is the OSError subclass Python itself picks
+// for that errno (PermissionError for EACCES and EPERM, FileNotFoundError for ENOENT, ...): one class per X,
+// made once by register_errors. An errno Python maps to OSError itself is absent: SafetensorIOError.
+std::unordered_map<int, PyObject*>* g_io_error_by_errno = nullptr;
+
+PyObject* io_error_type(int err) {
+  const auto it = g_io_error_by_errno->find(err);
+  return it == g_io_error_by_errno->end() ? g_io_error : it->second;
+}
 
 // Raises `type` with the whole of `text`: a NUL inside a tensor name or dtype must not cut the message (and
 // its variant token) short, and bytes that are not UTF-8 (a path) become backslash escapes instead of
@@ -34,17 +45,19 @@ void set_error(PyObject* type, const std::string& text) {
   Py_DECREF(message);
 }
 
-// Raises SafetensorIOError: str() is the whole text (prefix + to_string()), and errno, strerror and filename
-// are set as OSError's. They are also kept in the instance dict, which BaseException.__reduce__ pickles and
-// __setstate__ writes back through OSError's attributes, so a pickled error keeps them.
+// Raises SafetensorIOError, or its subclass for the errno (io_error_type): str() is the whole `text`, and
+// errno, strerror and filename are set as OSError's. They are also kept in the instance dict, which
+// BaseException.__reduce__ pickles and __setstate__ writes back through OSError's attributes, so a pickled
+// error keeps them.
 void set_io_error(const Error& e, const std::string& text) {
   try {
     auto decode = [](const std::string& bytes) {
       return nb::steal(PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "backslashreplace"));
     };
-    nb::object exc = nb::handle(g_io_error)(decode(text));
     // A file that changed size under us has no errno of its own: it is reported as EIO, its text the detail.
     const int err = e.sys_errno() != 0 ? e.sys_errno() : EIO;
+    PyObject* type = io_error_type(err);
+    nb::object exc = nb::handle(type)(decode(text));
     nb::object strerror = e.sys_errno() != 0 ? nb::module_::import_("os").attr("strerror")(err) : decode(e.detail());
     nb::object filename = e.context().empty() || e.context().front() == '<'
                               ? nb::none()
@@ -57,7 +70,7 @@ void set_io_error(const Error& e, const std::string& text) {
       exc.attr(name) = value;
       state[name] = value;
     }
-    PyErr_SetObject(g_io_error, exc.ptr());
+    PyErr_SetObject(type, exc.ptr());
   } catch (nb::python_error& pe) {
     pe.restore();
   }
@@ -86,7 +99,9 @@ void set_python_error(const Error& e, Op op) {
         set_io_error(io, prefix + io.to_string());
         return;
       }
-      set_error(PyExc_FileNotFoundError, e.message());
+      // The reference's FileNotFoundError and its exact text, as the FileNotFoundError subclass of
+      // SafetensorIOError (errno ENOENT, filename set).
+      set_io_error(e, e.message());
       return;
     case Error::Kind::kIo: set_io_error(e, prefix + e.to_string()); return;
     case Error::Kind::kInvalidSlice: set_error(g_slice_error, e.to_string()); return;
@@ -135,6 +150,30 @@ void register_errors(nb::module_& m) {
         bases.ptr(), ns.ptr());
     if (g_io_error == nullptr) throw nb::python_error();
     m.attr("SafetensorIOError") = nb::handle(g_io_error);
+  }
+  {
+    // One subclass per OSError subclass that Python picks by errno (OSError(errno, ...) builds it), named
+    // "Safetensor" + its name in `safetensors` (where __module__ points, so that pickles load) and in `m`.
+    // They inherit SafetensorIOError's __str__ and __reduce__, which comes first in their MRO.
+    g_io_error_by_errno = new std::unordered_map<int, PyObject*>();  // kept for the process, as the types are
+    std::map<PyObject*, PyObject*> by_builtin;
+    nb::dict codes = nb::borrow<nb::dict>(nb::module_::import_("errno").attr("errorcode"));
+    for (nb::handle code : codes.keys()) {
+      nb::object probe = nb::handle(PyExc_OSError)(code, "");
+      PyObject* builtin = reinterpret_cast<PyObject*>(Py_TYPE(probe.ptr()));
+      if (builtin == PyExc_OSError) continue;
+      PyObject*& ours = by_builtin[builtin];
+      if (ours == nullptr) {
+        const std::string builtin_name = nb::str(nb::handle(builtin).attr("__name__")).c_str();
+        const std::string name = "Safetensor" + builtin_name;
+        const std::string doc = "A SafetensorIOError whose errno Python reports as " + builtin_name + ".";
+        nb::object bases = nb::make_tuple(nb::handle(g_io_error), nb::handle(builtin));
+        ours = PyErr_NewExceptionWithDoc(("safetensors." + name).c_str(), doc.c_str(), bases.ptr(), nullptr);
+        if (ours == nullptr) throw nb::python_error();
+        m.attr(name.c_str()) = nb::handle(ours);
+      }
+      (*g_io_error_by_errno)[nb::cast<int>(code)] = ours;
+    }
   }
   nb::register_exception_translator(translate_error);
 }

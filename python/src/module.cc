@@ -241,7 +241,21 @@ NB_MODULE(_safetensors_cpp, m) {
           "shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); },
           nb::sig("def shape(self) -> tuple[int, ...]"))
       .def_prop_ro("nbytes", &SlicePlan::nbytes)
-      .def_prop_ro("is_whole", &SlicePlan::is_whole);
+      .def_prop_ro("is_whole", &SlicePlan::is_whole)
+      .def_prop_ro("first_element", &SlicePlan::first_element,
+                   "The result as a strided view of the tensor: the row-major index of its first element.")
+      .def_prop_ro(
+          "strides",
+          [](const SlicePlan& p) {
+            nb::object t = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(p.strides().size())));
+            for (std::size_t i = 0; i < p.strides().size(); ++i) {
+              PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLongLong(p.strides()[i]));
+            }
+            return nb::borrow<nb::tuple>(t);
+          },
+          nb::sig("def strides(self) -> tuple[int, ...]"),
+          "The result as a strided view of the tensor: per axis, the distance in elements between neighbours "
+          "(negative where a range walks backwards).");
 
   bind_py_slice(m);
 

@@ -83,6 +83,26 @@ std::vector<std::byte> reference_slice(const std::vector<std::byte>& data, const
   }
 }
 
+// The elements a strided view (first element, strides in elements) of `data` shows, in result order.
+std::vector<std::byte> strided_gather(const std::vector<std::byte>& data, std::size_t elem, const Shape& shape,
+                                      std::uint64_t first, const std::vector<std::int64_t>& strides) {
+  std::vector<std::byte> out;
+  std::uint64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  std::vector<std::uint64_t> it(shape.size(), 0);
+  for (std::uint64_t n = 0; n < numel; ++n) {
+    std::int64_t at = static_cast<std::int64_t>(first);
+    for (std::size_t d = 0; d < shape.size(); ++d) at += static_cast<std::int64_t>(it[d]) * strides[d];
+    const auto byte = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(at) * elem);
+    out.insert(out.end(), data.begin() + byte, data.begin() + byte + static_cast<std::ptrdiff_t>(elem));
+    for (std::size_t d = shape.size(); d-- > 0;) {
+      if (++it[d] < shape[d]) break;
+      it[d] = 0;
+    }
+  }
+  return out;
+}
+
 TEST(SliceTest, NumpySemanticsOnKnownCases) {
   struct Case {
     Shape shape;
@@ -113,6 +133,33 @@ TEST(SliceTest, NumpySemanticsOnKnownCases) {
     auto p = plan(c.shape, c.ix);
     ASSERT_ST_OK(p);
     EXPECT_EQ(p->shape(), c.expected);
+  }
+}
+
+TEST(SliceTest, StridesAsNumpyViews) {
+  struct Case {
+    Shape shape;
+    std::vector<SliceIndex> ix;
+    std::uint64_t first;
+    std::vector<std::int64_t> strides;
+  };
+  // From numpy: v = np.empty(shape)[ix]; first = (v.ctypes.data - base) // 8, strides = v.strides // 8 (a
+  // length-0 or -1 axis keeps its row-major stride here, whatever numpy shows).
+  const std::vector<Case> cases = {
+      {{4, 6}, {S::all(), S::range(3, 6)}, 3, {6, 1}},
+      {{4, 6}, {S::range(1, 4, 2), S::range(std::nullopt, std::nullopt, 3)}, 6, {12, 3}},
+      {{4, 6}, {S::at(-1)}, 18, {1}},
+      {{4, 6}, {S::range(std::nullopt, std::nullopt, -1), S::at(2)}, 20, {-6}},
+      {{2, 3, 5}, {S::ellipsis(), S::range(4, 0, -2)}, 4, {15, 5, -2}},
+      {{2, 3, 5}, {S::at(1), S::range(2, 3, -1)}, 15, {5, 1}},  // an empty range
+      {{2, 3, 5}, {S::at(1), S::at(2), S::at(3)}, 28, {}},
+      {{4, 6}, {S::range(3, 2, -1)}, 18, {6, 1}},  // one position: the step is never taken
+  };
+  for (const Case& c : cases) {
+    auto p = plan(c.shape, c.ix, Dtype::kF64);
+    ASSERT_ST_OK(p);
+    EXPECT_EQ(p->first_element(), c.first);
+    EXPECT_EQ(p->strides(), c.strides);
   }
 }
 
@@ -225,6 +272,13 @@ TEST(SliceTest, MatchesBruteForceOnRandomShapesAndIndices) {
     }
     SCOPED_TRACE("trial " + std::to_string(trial));
 
+    {
+      auto p = plan(shape, ix, dt);
+      ASSERT_ST_OK(p);
+      Shape expected_shape;
+      EXPECT_EQ(strided_gather(data, elem, p->shape(), p->first_element(), p->strides()),
+                reference_slice(data, shape, ix, elem, &expected_shape));
+    }
     std::vector<TensorData> td = {{"t", dt, shape, data}};
     auto mem = test::serialized_source(td);
     ASSERT_ST_OK(mem);

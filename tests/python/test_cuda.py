@@ -61,6 +61,23 @@ def test_load_model_to_cuda(tmp_path):
     assert torch.equal(dst[0].weight.cpu(), model[0].weight)
 
 
+@pytest.mark.parametrize("kind", [torch.nn.GRU, torch.nn.LSTM])
+def test_save_model_of_an_rnn_flattened_by_cudnn(tmp_path, kind):
+    # flatten_parameters packs the weights into one cuDNN buffer, each a view of it that covers none of it
+    # (test_save_model_packed_parameters.py builds the same layout on the CPU).
+    torch.manual_seed(0)
+    model = kind(8, 16, num_layers=2, bidirectional=True).cuda()
+    model.flatten_parameters()
+    state = model.state_dict()
+    if not torch.backends.cudnn.is_available() or len({t.untyped_storage().data_ptr() for t in state.values()}) != 1:
+        pytest.skip("cuDNN did not pack the parameters into one buffer")
+    save_model(model, tmp_path / "rnn.safetensors")
+    fresh = kind(8, 16, num_layers=2, bidirectional=True)
+    assert load_model(fresh, tmp_path / "rnn.safetensors") == (set(), [])
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, state[name].cpu()), name
+
+
 def test_device_memory_holds_only_the_tensors(tmp_path):
     state = {"big": torch.randn(40 * 2**20 // 4, generator=torch.Generator().manual_seed(0)), "small": torch.arange(1000)}
     save_file(state, tmp_path / "b.safetensors")
