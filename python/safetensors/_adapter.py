@@ -14,7 +14,16 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from . import _safetensors_cpp as _cpp
-from ._core import Flattened, PathLike, SafetensorError, gc_paused, open_bytes, serialize_flat, serialize_flat_file
+from ._core import (
+    Flattened,
+    PathLike,
+    SafetensorError,
+    StorageOptions,
+    gc_paused,
+    open_bytes,
+    serialize_flat,
+    serialize_flat_file,
+)
 from ._safe_open import safe_open
 from ._strategies import load_copies
 
@@ -161,9 +170,12 @@ def load(framework: Framework, data: Any, device: Any) -> Dict[str, Any]:
     return framework.load_copies(open_bytes(data), device)
 
 
-def load_file(framework: str, filename: PathLike, device: Any, backend: str) -> Dict[str, Any]:
-    """Every tensor of ``filename`` for ``framework`` (a ``safe_open`` name), on ``device``, in file order."""
-    with safe_open(filename, framework=framework, device=device, backend=backend) as f:
+def load_file(framework: str, filename: PathLike, device: Any, backend: str,
+              storage_options: Optional[StorageOptions]) -> Dict[str, Any]:
+    """Every tensor of ``filename`` (a path or a URL) for ``framework`` (a ``safe_open`` name), on ``device``, in
+    file order."""
+    with safe_open(filename, framework=framework, device=device, backend=backend,
+                   storage_options=storage_options) as f:
         return f.get_tensors()
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _adapter
-from ._core import DTYPES, PathLike
+from ._core import DTYPES, PathLike, StorageOptions
 from ._numpy_bridge import NumpyBridged, codes_where, flatten_specs
 # Names the reference's module also offers (other projects import them from here).
 from . import numpy  # noqa: F401
@@ -82,6 +82,7 @@ def load(data: bytes) -> Dict[str, jax.Array]:
     return _adapter.load(FRAMEWORK, data, "cpu")
 
 
-def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, jax.Array]:
+def load_file(filename: PathLike, *, backend: str = "mmap",
+              storage_options: Optional[StorageOptions] = None) -> Dict[str, jax.Array]:
     """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
-    return _adapter.load_file("flax", filename, "cpu", backend)
+    return _adapter.load_file("flax", filename, "cpu", backend, storage_options)

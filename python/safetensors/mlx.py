@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import _adapter
-from ._core import PathLike
+from ._core import PathLike, StorageOptions
 from ._numpy_bridge import NumpyBridged, codes_where, flatten_specs
 # Names the reference's module also offers (other projects import them from here).
 from . import numpy  # noqa: F401
@@ -90,6 +90,7 @@ def load(data: bytes) -> Dict[str, mx.array]:
     return _adapter.load(FRAMEWORK, data, "cpu")
 
 
-def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, mx.array]:
+def load_file(filename: PathLike, *, backend: str = "mmap",
+              storage_options: Optional[StorageOptions] = None) -> Dict[str, mx.array]:
     """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
-    return _adapter.load_file("mlx", filename, "cpu", backend)
+    return _adapter.load_file("mlx", filename, "cpu", backend, storage_options)

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _adapter
 from . import _safetensors_cpp as _cpp
-from ._core import DTYPES, PathLike, SafetensorError
+from ._core import DTYPES, PathLike, SafetensorError, StorageOptions
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, serialize, serialize_file  # noqa: F401
 from ._numpy_bridge import NUMPY, PACKED_BITS, flatten_specs
@@ -41,10 +41,11 @@ def load(data: bytes) -> Dict[str, np.ndarray]:
     return _adapter.load(FRAMEWORK, data, "cpu")
 
 
-def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, np.ndarray]:
+def load_file(filename: PathLike, *, backend: str = "mmap",
+              storage_options: Optional[StorageOptions] = None) -> Dict[str, np.ndarray]:
     """Every array of ``filename``, in file order. ``backend``: ``"mmap"`` (copy-on-write views of the mapped
     file) or ``"pread"`` (positional reads into memory of their own)."""
-    return _adapter.load_file("np", filename, "cpu", backend)
+    return _adapter.load_file("np", filename, "cpu", backend, storage_options)
 
 
 # -- the reference's helpers, which other projects import -------------------------------------------------------

@@ -22,7 +22,7 @@ import paddle
 from paddle.utils.dlpack import from_dlpack
 
 from . import _adapter, _engine
-from ._core import DTYPES, PathLike, SafetensorError
+from ._core import DTYPES, PathLike, SafetensorError, StorageOptions
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, serialize, serialize_file  # noqa: F401
 from . import numpy  # noqa: F401
@@ -295,6 +295,7 @@ def load(data: bytes, device: Any = "cpu") -> Dict[str, paddle.Tensor]:
     return _adapter.load(FRAMEWORK, data, device)
 
 
-def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap") -> Dict[str, paddle.Tensor]:
+def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap",
+              storage_options: Optional[StorageOptions] = None) -> Dict[str, paddle.Tensor]:
     """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
-    return _adapter.load_file("paddle", filename, device, backend)
+    return _adapter.load_file("paddle", filename, device, backend, storage_options)

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _adapter
-from ._core import PathLike
+from ._core import PathLike, StorageOptions
 from ._numpy_bridge import NumpyBridged, codes_where, flatten_specs
 # Names the reference's module also offers (other projects import them from here).
 from . import numpy  # noqa: F401
@@ -97,6 +97,7 @@ def load(data: bytes) -> Dict[str, tf.Tensor]:
     return _adapter.load(FRAMEWORK, data, "cpu")
 
 
-def load_file(filename: PathLike, *, backend: str = "mmap") -> Dict[str, tf.Tensor]:
+def load_file(filename: PathLike, *, backend: str = "mmap",
+              storage_options: Optional[StorageOptions] = None) -> Dict[str, tf.Tensor]:
     """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
-    return _adapter.load_file("tf", filename, "cpu", backend)
+    return _adapter.load_file("tf", filename, "cpu", backend, storage_options)

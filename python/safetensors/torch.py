@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 import torch
 
 from . import _adapter
-from ._core import PathLike, SafetensorError, to_little_endian
+from ._core import PathLike, SafetensorError, StorageOptions, to_little_endian
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, serialize, serialize_file  # noqa: F401
 from ._devices import resolve_torch_device
@@ -373,9 +373,11 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
     return _adapter.load(FRAMEWORK, data, "cpu")
 
 
-def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap") -> Dict[str, torch.Tensor]:
-    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
-    return _adapter.load_file("pt", filename, device, backend)
+def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap",
+              storage_options: Optional[StorageOptions] = None) -> Dict[str, torch.Tensor]:
+    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"`` or ``"pread"``.
+    ``filename`` may be an ``s3://``, ``https://`` or ``http://`` URL; ``storage_options`` as for ``safe_open``."""
+    return _adapter.load_file("pt", filename, device, backend, storage_options)
 
 
 # -- models ------------------------------------------------------------------------------------------------
@@ -410,10 +412,12 @@ def load_model(
     device: Union[str, int, torch.device] = "cpu",
     *,
     backend: str = "mmap",
+    storage_options: Optional[StorageOptions] = None,
 ) -> Tuple[Set[str], List[str]]:
-    """Loads ``filename`` into ``model`` (tied weights included). Returns ``(missing, unexpected)``; with
-    ``strict`` either being non-empty raises RuntimeError the way ``load_state_dict`` does."""
-    state_dict = load_file(filename, device=device, backend=backend)
+    """Loads ``filename`` (a path or an ``s3://``/``https://`` URL, see ``storage_options`` in ``safe_open``)
+    into ``model`` (tied weights included). Returns ``(missing, unexpected)``; with ``strict`` either being
+    non-empty raises RuntimeError the way ``load_state_dict`` does."""
+    state_dict = load_file(filename, device=device, backend=backend, storage_options=storage_options)
     tied = _remove_duplicate_names(model.state_dict(), preferred_names=state_dict.keys())
     missing_list, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = set(missing_list)

@@ -100,7 +100,7 @@ def s3_model(seaweed_s3: SeaweedS3, checkpoint: Path) -> Dict[str, Any]:
         "aws_secret_access_key": seaweed_s3.secret_key,
         "region": "us-east-1",
     }
-    return {"url": f"s3://{bucket}/dir/model.safetensors", "bucket": bucket, "options": options}
+    return {"url": f"s3://{bucket}/dir/model.safetensors", "bucket": bucket, "options": options, "server": seaweed_s3}
 
 
 @pytest.fixture
@@ -173,6 +173,35 @@ def test_load_file_reads_the_aws_environment(s3_model: Dict[str, Any], checkpoin
     assert digests(safetensors.torch.load_file(s3_model["url"], backend="pread")) == expected
     flat = safetensors.numpy.load_file(checkpoint)
     assert digests(safetensors.numpy.load_file(s3_model["url"])) == digests(flat)
+
+
+def test_every_load_file_and_load_model_take_storage_options(s3_model: Dict[str, Any], checkpoint: Path,
+                                                             no_aws: None):
+    options = s3_model["options"]
+    expected = safetensors.torch.load_file(checkpoint)
+    assert digests(safetensors.torch.load_file(s3_model["url"], storage_options=options)) == digests(expected)
+    assert digests(safetensors.numpy.load_file(s3_model["url"], storage_options=options)) == digests(
+        safetensors.numpy.load_file(checkpoint))
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, tensor in expected.items():
+                self.register_buffer(name.replace(".", "_"), torch.empty_like(tensor))
+
+    renamed = {name.replace(".", "_"): t for name, t in expected.items()}
+    local = Model()
+    local.load_state_dict(renamed)
+    path = checkpoint.parent / "model_renamed.safetensors"
+    safetensors.torch.save_model(local, path)
+    bucket = s3_model["bucket"]
+    model = Model()
+    seaweed = s3_model["server"]
+    seaweed.put_file(bucket, "model_renamed.safetensors", path)
+    missing, unexpected = safetensors.torch.load_model(model, f"s3://{bucket}/model_renamed.safetensors",
+                                                       storage_options=options)
+    assert not missing and not unexpected
+    assert digests(dict(model.state_dict())) == digests(renamed)
 
 
 def test_aws_profile_files(s3_model: Dict[str, Any], checkpoint: Path, no_aws: None, tmp_path: Path,
