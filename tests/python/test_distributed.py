@@ -610,3 +610,41 @@ def test_two_hosts_over_a_veth_pair(two_hosts, ckpt, tmp_path):
     for scenario, words in (("missing_tensor", "rank 1 of 2"), ("read_error", "rank 0 of 2")):
         texts = {r.get("error") for r in ranks[scenario]}
         assert len(texts) == 1 and words in next(iter(texts)), texts
+
+
+# -- remote checkpoints ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_remote_checkpoint_is_fetched_about_once_by_the_group(ckpt, tmp_path, world):
+    """Every rank loads the same http:// URL (a Range server in this process): each gets load_file's tensors,
+    and the group fetches each byte about once (each rank's share, plus the first 16 KiB every rank's open
+    fetches), told apart on the server by a header each rank sends."""
+    from remote.range_server import RangeServer
+
+    size = os.path.getsize(ckpt["path"])
+    head = 16 << 10
+    with RangeServer() as server:
+        server.put("/model.safetensors", ckpt["path"])
+        index = json.loads((ckpt["sharded"] / "model.safetensors.index.json").read_text())
+        server.put("/sharded/model.safetensors.index.json", json.dumps(index).encode())
+        for shard in sorted(set(index["weight_map"].values())):
+            server.put(f"/sharded/{shard}", ckpt["sharded"] / shard)
+        options = {"per_rank": [{"header_request_bytes": head, "headers": {"X-Rank": str(r)}} for r in range(world)]}
+        ranks = spawn(tmp_path, world, [
+            {"name": "remote", "path": server.url("/model.safetensors"), "chunk_bytes": CHUNK,
+             "storage_options": options},
+            {"name": "remote_index", "path": server.url("/sharded/model.safetensors.index.json"), "sharded": True,
+             "chunk_bytes": CHUNK, "storage_options": options},
+        ])
+        by_rank = [0] * world
+        for record in server.requests_for("/model.safetensors"):
+            by_rank[int(record.header("X-Rank"))] += record.body_bytes
+    for result in ranks["remote"]:
+        assert "error" not in result, result
+        assert result["tensors"] == ckpt["expected"]
+    for result in ranks["remote_index"]:
+        assert "error" not in result, result
+        assert result["tensors"] == ckpt["expected"]
+    assert sum(by_rank) <= size + (world - 1) * head, by_rank
+    for rank, fetched in enumerate(by_rank):
+        assert fetched <= head + size / world + 2 * CHUNK, (rank, by_rank)

@@ -43,7 +43,7 @@ from typing import Dict, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from .._core import PathLike, SafetensorError  # noqa: F401 - callers catch it from here
+from .._core import PathLike, SafetensorError, StorageOptions  # noqa: F401 - callers catch SafetensorError here
 from . import _load, _opening
 from ._load import Plan
 from ._moving import LoadStats
@@ -71,6 +71,7 @@ def load_file(
     backend: str = "pread",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     stats: Optional[LoadStats] = None,
+    storage_options: Optional[StorageOptions] = None,
 ) -> Dict[str, torch.Tensor]:
     """Loads ``filename`` on every rank of ``group``, reading each byte from storage once per group.
 
@@ -91,6 +92,8 @@ def load_file(
         backend: how files are opened (``"pread"`` or ``"mmap"``); tensors always own their memory.
         chunk_bytes: bytes per chunk (a multiple of the page size): the unit of one read and one collective.
         stats: a :class:`LoadStats` to fill with what this rank read and moved.
+        storage_options: for an ``s3://`` or ``https://`` ``filename`` (as for ``safe_open``): each rank
+            fetches only the chunks it reads, so the group downloads the checkpoint about once in total.
 
     Returns:
         ``{name: tensor}`` in file order: this rank's tensors (slices for sliced plan entries) on ``device``.
@@ -101,7 +104,8 @@ def load_file(
             failed on some rank; on the surviving ranks when a rank died or a collective timed out (bounded
             by the process group's timeout; the group is unusable afterwards).
     """
-    return _load.load(partial(_opening.open_file, filename), device, group, plan, backend, chunk_bytes, stats)
+    return _load.load(partial(_opening.open_file, filename, storage_options=storage_options), device, group, plan,
+                      backend, chunk_bytes, stats)
 
 
 def load_sharded(
@@ -113,6 +117,7 @@ def load_sharded(
     backend: str = "pread",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     stats: Optional[LoadStats] = None,
+    storage_options: Optional[StorageOptions] = None,
 ) -> Dict[str, torch.Tensor]:
     """:func:`load_file` for a checkpoint of several files, planned and scheduled as one.
 
@@ -123,6 +128,6 @@ def load_sharded(
     within a shard. Arguments and errors are those of :func:`load_file`; a name in no shard is refused with
     ``... does not contain tensor NAME``, a name in two shards (no index) as ``ShardedFile`` refuses it.
     """
-    return _load.load(partial(_opening.open_checkpoint, checkpoint), device, group, plan, backend, chunk_bytes,
-                      stats)
+    return _load.load(partial(_opening.open_checkpoint, checkpoint, storage_options=storage_options), device, group,
+                      plan, backend, chunk_bytes, stats)
 

@@ -9,7 +9,7 @@ import os
 from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .. import _safetensors_cpp as _cpp
-from .._core import PathLike, SafetensorError, fspath
+from .._core import PathLike, SafetensorError, StorageOptions, fspath, remote_pairs
 from .._prefetch import Piece, checked_plan, plan_pieces
 from .._sharding import CheckpointError, resolve
 
@@ -35,29 +35,38 @@ class Opened(NamedTuple):
     holder: Any
 
 
-def open_file(filename: PathLike, backend: str) -> Opened:
-    """One ``.safetensors`` file, all of its tensors."""
-    sharded = _cpp.ShardedFile.open_files([fspath(filename)], backend)
+def open_file(filename: PathLike, backend: str, storage_options: Optional[StorageOptions] = None) -> Opened:
+    """One ``.safetensors`` file (a path or a URL), all of its tensors."""
+    sharded = _cpp.ShardedFile.open_files([fspath(filename)], backend, remote=remote_pairs(storage_options))
     return _opened(sharded, sharded.shards[0])
 
 
-def open_checkpoint(checkpoint: Union[PathLike, Sequence[PathLike]], backend: str) -> Opened:
+def open_checkpoint(checkpoint: Union[PathLike, Sequence[PathLike]], backend: str,
+                    storage_options: Optional[StorageOptions] = None) -> Opened:
     """An index file (its shards, each limited to what the index assigns to it), a directory (its one index,
-    else every ``*.safetensors`` file in it), one file, or a sequence of files."""
-    if isinstance(checkpoint, (str, bytes, os.PathLike)):
+    else every ``*.safetensors`` file in it), one file, or a sequence of files; paths or URLs (an index URL's
+    shards are resolved beside it)."""
+    remote = remote_pairs(storage_options)
+    if isinstance(checkpoint, (str, bytes, os.PathLike)) and _cpp.is_remote_location(fspath(checkpoint)):
+        location = fspath(checkpoint)
+        if location.split("?", 1)[0].endswith(".json"):
+            sharded = _cpp.ShardedFile.open_index(location, backend, remote=remote)
+        else:
+            sharded = _cpp.ShardedFile.open_files([location], backend, remote=remote)
+    elif isinstance(checkpoint, (str, bytes, os.PathLike)):
         try:
             resolved = resolve(fspath(checkpoint))
         except CheckpointError as e:
             raise SafetensorError(str(e)) from None
         if resolved.index_path is not None:
-            sharded = _cpp.ShardedFile.open_index(resolved.index_path, backend)
+            sharded = _cpp.ShardedFile.open_index(resolved.index_path, backend, remote=remote)
         else:
-            sharded = _cpp.ShardedFile.open_files([shard.path for shard in resolved.shards], backend)
+            sharded = _cpp.ShardedFile.open_files([shard.path for shard in resolved.shards], backend, remote=remote)
     else:
         paths = [fspath(p) for p in checkpoint]
         if not paths:
             raise SafetensorError("load_sharded: no files given")
-        sharded = _cpp.ShardedFile.open_files(paths, backend)
+        sharded = _cpp.ShardedFile.open_files(paths, backend, remote=remote)
     return _opened(sharded, sharded)
 
 

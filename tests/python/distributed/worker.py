@@ -72,6 +72,8 @@ def run_load(args: Dict[str, Any], rank: int) -> Dict[str, Any]:
     kwargs = dict(plan=to_plan(per_rank(args.get("plan"), rank)),
                   chunk_bytes=per_rank(args.get("chunk_bytes", 1 << 20), rank),
                   stats=stats, backend=args.get("backend", "pread"))
+    if "storage_options" in args:
+        kwargs["storage_options"] = per_rank(args["storage_options"], rank)
     path = per_rank(args["path"], rank)
     cold = args.get("cold", False)
     if cold:
