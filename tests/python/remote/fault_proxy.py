@@ -47,7 +47,7 @@ import time
 from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
-from .range_server import JoinableThreadingMixIn, RequestRecord, object_path, parse_content_range
+from .range_server import JoinableThreadingMixIn, LoopbackService, RequestRecord, object_path, parse_content_range
 
 CHUNK = 256 * 1024
 MAX_HEAD = 64 * 1024
@@ -242,7 +242,7 @@ def wait_sent(sock: socket.socket, deadline: float, stop: threading.Event) -> No
         stop.wait(0.005)
 
 
-class FaultProxy:
+class FaultProxy(LoopbackService):
     """A fault-injecting loopback reverse proxy in front of `upstream` (see the module docstring).
 
     Listens from construction on. Attributes: `port`, `endpoint` ("http://127.0.0.1:PORT"), `upstream`.
@@ -268,12 +268,12 @@ class FaultProxy:
         self._connections = 0
         self._open_sockets: set[socket.socket] = set()
         self.hook_errors: list[BaseException] = []
-        self._tcp = ProxyTCPServer(("127.0.0.1", 0), ProxyHandler)
-        self._tcp.proxy = self
-        self.port: int = self._tcp.server_address[1]
+        self._server = ProxyTCPServer(("127.0.0.1", 0), ProxyHandler)
+        self._server.proxy = self
+        self.port: int = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
-            target=self._tcp.serve_forever, kwargs={"poll_interval": 0.05}, name=f"FaultProxy:{self.port}"
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"FaultProxy:{self.port}"
         )
         self._thread.start()
 
@@ -289,27 +289,7 @@ class FaultProxy:
         if self._closing.is_set():
             return
         self._closing.set()
-        self._tcp.shutdown()
-        self._thread.join()
-        self.cut_connections()
-        self._tcp.server_close()
-        self._tcp.join_handlers()
-
-    def cut_connections(self) -> None:
-        """Shuts down every open client and upstream connection."""
-        with self._lock:
-            sockets = list(self._open_sockets)
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def url(self, path: str) -> str:
-        """The URL of `path` (which starts with "/") through the proxy."""
-        if not path.startswith("/"):
-            raise ValueError(f"path must start with '/': {path!r}")
-        return self.endpoint + path
+        self._stop()
 
     # Rules. Each returns the rule, whose `fired` counts its applications.
 

@@ -194,7 +194,41 @@ class StoredObject:
     content_type: str
 
 
-class RangeServer:
+class LoopbackService:
+    """What a loopback server of these tests shares: its socketserver served by one thread, the connections it
+    holds open, and stopping it all. Subclasses set `_lock`, `_open_sockets`, `_server`, `_thread` and
+    `endpoint`."""
+
+    _lock: threading.Lock
+    _open_sockets: set
+    endpoint: str
+
+    def _stop(self) -> None:
+        """Stops serving, cuts every open connection, joins every thread and releases the port."""
+        self._server.shutdown()
+        self._thread.join()
+        self.cut_connections()
+        self._server.server_close()
+        self._server.join_handlers()
+
+    def cut_connections(self) -> None:
+        """Shuts down every open connection (a client sees its keep-alive connection closed)."""
+        with self._lock:
+            sockets = list(self._open_sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def url(self, path: str) -> str:
+        """The URL of `path` (which starts with "/") on this server."""
+        if not path.startswith("/"):
+            raise ValueError(f"path must start with '/': {path!r}")
+        return self.endpoint + path
+
+
+class RangeServer(LoopbackService):
     """A threaded loopback HTTP/1.1 server of in-memory or on-disk objects (see the module docstring).
 
     Construct it, use it, close it (or use it as a context manager); it listens from construction on. Attributes:
@@ -212,11 +246,11 @@ class RangeServer:
         self._open_sockets: set[socket.socket] = set()
         self._closed = False
         handler = type("BoundRangeHandler", (RangeHandler,), {"owner": self, "timeout": idle_timeout})
-        self._httpd = RangeHTTPServer(("127.0.0.1", 0), handler)
-        self.port: int = self._httpd.server_address[1]
+        self._server = RangeHTTPServer(("127.0.0.1", 0), handler)
+        self.port: int = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"RangeServer:{self.port}"
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"RangeServer:{self.port}"
         )
         self._thread.start()
 
@@ -232,27 +266,7 @@ class RangeServer:
             if self._closed:
                 return
             self._closed = True
-        self._httpd.shutdown()
-        self._thread.join()
-        self.cut_connections()
-        self._httpd.server_close()
-        self._httpd.join_handlers()
-
-    def cut_connections(self) -> None:
-        """Shuts down every open client connection (a client sees its keep-alive connection closed)."""
-        with self._lock:
-            sockets = list(self._open_sockets)
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def url(self, path: str) -> str:
-        """The URL of `path` (which starts with "/") on this server."""
-        if not path.startswith("/"):
-            raise ValueError(f"path must start with '/': {path!r}")
-        return self.endpoint + path
+        self._stop()
 
     def put(
         self,
