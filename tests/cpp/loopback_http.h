@@ -138,6 +138,12 @@ class LoopbackHttp {
         const ssize_t r = ::recv(fd, chunk, sizeof chunk, 0);
         if (r <= 0) return;
         buffer.append(chunk, static_cast<std::size_t>(r));
+        if (static_cast<unsigned char>(buffer[0]) == 0x16) {  // a TLS ClientHello: this server speaks plain HTTP
+          static constexpr char kBad[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+          send_all(fd, kBad, sizeof kBad - 1);
+          ::shutdown(fd, SHUT_RDWR);
+          return;
+        }
       }
       const std::string request = buffer.substr(0, end + 2);
       buffer.erase(0, end + 4);

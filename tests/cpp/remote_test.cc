@@ -379,6 +379,17 @@ TEST(RemoteSourceTest, AnObjectShorterThanItsHeaderSaysFailsAsAShortFile) {
   EXPECT_ST_ERROR(open_url(empty.url(), quick_options()), kHeaderTooSmall);
 }
 
+TEST(RemoteSourceTest, ATlsFailureSaysSo) {
+  // https:// to a server that speaks plain HTTP: the handshake fails, and the error says it was TLS.
+  LoopbackHttp server("/m.safetensors", make_file());
+  const std::string url = "https" + server.url().substr(4);
+  RemoteOptions o = quick_options();
+  o.connect_timeout_ms = 5000;
+  auto r = open_url(url, o);
+  EXPECT_ST_ERROR(r, kIo);
+  EXPECT_NE(r.error().to_string().find("TLS: "), std::string::npos) << r.error().to_string();
+}
+
 TEST(RemoteSourceTest, AConnectionRefusedIsRetriedThenReported) {
   int port;
   {
