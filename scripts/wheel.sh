@@ -80,7 +80,8 @@ SIMDJSON="$B/simdjson-$SIMDJSON_VERSION"
 if [ ! -f "$SIMDJSON/simdjson.cpp" ]; then
   log "simdjson $SIMDJSON_VERSION (Debian source package)"
   tarball="$B/simdjson_$SIMDJSON_VERSION.orig.tar.gz"
-  curl -fsS -o "$tarball" "$MIRROR/pool/main/s/simdjson/simdjson_$SIMDJSON_VERSION.orig.tar.gz"
+  python -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+    "$MIRROR/pool/main/s/simdjson/simdjson_$SIMDJSON_VERSION.orig.tar.gz" "$tarball"
   echo "$SIMDJSON_SHA256  $tarball" | sha256sum -c --quiet
   mkdir -p "$SIMDJSON"
   tar xzf "$tarball" -C "$SIMDJSON" --strip-components=2 \
