@@ -1,0 +1,211 @@
+# Wheels (README "Wheels"): scripts/wheel.sh builds the sdist and the x86_64 and aarch64 wheels; then each wheel
+# is installed with pip into a bare system -- an unpacked Debian root (scripts/wheel-roots.sh) that has Python and
+# the distribution's numpy, pytest and hypothesis and nothing of this project: no compiler, no -dev package, no
+# simdjson -- entered with chroot (aarch64 through qemu-aarch64-static, in user mode: no binfmt, so nothing
+# there starts another aarch64 program). In each: pip chooses the wheel itself from the wheelhouse,
+# tests/wheel/check_wheel.py (import, numpy round trips, torch round trips where torch is installed), the
+# `safetensors` command, the dynamic loader's list of what the module needs (only glibc's libraries), and a
+# subset of the package's own tests (tests/python). Torch 2.13.0 is installed (the CPU wheel on this machine's
+# disk, its dependencies and numpy 2 from PyPI) where a wheel of it exists: x86_64, Python 3.11, in the root
+# bookworm-pypi (bookworm plus the libstdc++ that PyPI's torch and numpy 2 wheels need; ours needs none, which
+# the plain roots show). Python 3.10 and 3.12 come from this machine's pyenv, mounted read-only into that root
+# (no Debian release ships them), with numpy from PyPI. Last, the sdist is built with pip in a Debian root
+# holding only what README lists for it.
+set -euo pipefail
+cd "$ROOT"
+DIST=${SAFETENSORS_WHEEL_OUT:-$ROOT/dist}
+T=$ROOT/build/wheel-test
+ROOTS=$T/roots
+TORCH_WHEEL=$(ls /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_*_x86_64.whl 2>/dev/null | head -n 1 || true)
+mkdir -p "$T"
+
+# The roots download while the wheels compile.
+(
+  for arch in amd64 arm64; do
+    for suite in bookworm trixie forky; do bash scripts/wheel-roots.sh "$ROOTS" "$suite" "$arch"; done
+  done
+  bash scripts/wheel-roots.sh "$ROOTS" bookworm-pypi amd64
+  bash scripts/wheel-roots.sh "$ROOTS" sdist amd64
+) >"$T/roots.log" 2>&1 &
+roots_pid=$!
+# SAFETENSORS_WHEELS_BUILT=1 tests what dist/ holds instead of building (for working on this stage).
+if [ "${SAFETENSORS_WHEELS_BUILT:-0}" != 1 ] && ! bash scripts/wheel.sh; then
+  wait "$roots_pid" || true
+  exit 1
+fi
+wait "$roots_pid" || { cat "$T/roots.log"; exit 1; }
+printf '\n\033[1m--- auditwheel show\033[0m\n'
+cat "$DIST/auditwheel-show.txt"
+
+# Runs a command inside ROOT (ARCH amd64 or arm64) in a clean environment (plus the given variables), with /proc
+# and the given read-only bind mounts in a mount namespace of its own (they go away with it).
+#   in_root ROOT ARCH [--bind HOST_DIR:ROOT_DIR | --bind-rw HOST_DIR:ROOT_DIR | --env NAME=VALUE]... -- COMMAND...
+in_root() {
+  local root=$1 arch=$2 binds=() envs=() emu=()
+  shift 2
+  while [ "$1" != -- ]; do
+    case $1 in --bind) binds+=("$2:ro") ;; --bind-rw) binds+=("$2:rw") ;; --env) envs+=("$2") ;; esac
+    shift 2
+  done
+  shift
+  if [ "$arch" = arm64 ]; then
+    emu=(/usr/bin/qemu-aarch64-static)
+    [[ $1 == */* ]] || set -- "/usr/bin/$1" "${@:2}"  # qemu takes a path, not a name to look up
+  fi
+  local mounts='mount -t proc proc "$R/proc"'
+  local b host target mode
+  for b in "${binds[@]}"; do
+    IFS=: read -r host target mode <<<"$b"
+    mkdir -p "$root/$target"
+    mounts+=" && mount --bind '$host' \"\$R/$target\" && mount -o remount,bind,$mode \"\$R/$target\""
+  done
+  env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 HYPOTHESIS_PROFILE=ci \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt "${envs[@]}" R="$root" \
+    unshare --mount --propagation private sh -c "$mounts && exec /usr/sbin/chroot \"\$R\" \"\$@\"" sh "${emu[@]}" "$@"
+}
+
+# Bytecode for the arm64 roots' Python files, compiled natively by the amd64 root of the same release (the same
+# Python, so the same bytecode; Debian compiles it when a package is configured, which unpacking skips): else
+# the first run of each program compiles it under qemu, minutes per root.
+precompile() {  # SUITE PYTHON(python3.X)
+  local dir
+  for dir in "/usr/lib/$2" /usr/lib/python3/dist-packages; do
+    # Files some packages ship that no Python 3 compiles are left as they are (compileall reports them).
+    in_root "$ROOTS/$1-amd64" amd64 --bind-rw "$ROOTS/$1-arm64$dir:/arm64" -- \
+      "$2" -m compileall -q -j 2 -d "$dir" /arm64 >/dev/null || true
+  done
+}
+
+# The package's own tests that a bare root can run (the reference implementation is not there: tests of it
+# skip): everywhere; with torch (and PyPI's ml_dtypes); with ml_dtypes. Left out by name: tests that import torch
+# where it is not installed, and under qemu tests that start a Python process (user-mode qemu without binfmt
+# cannot start an aarch64 program from an aarch64 program).
+TESTS_BASE=(test_api.py test_engine_binding.py test_malicious.py test_slicing.py test_sharded.py
+            test_bug_error_text_nul_bytes.py)
+TESTS_TORCH=(test_torch.py test_prefetch.py test_adapter.py test_binding_export.py test_bug_prefetch_f64_not_f6.py
+             test_cli.py)
+TESTS_ML_DTYPES=(test_numpy.py)
+NEEDS_TORCH='test_matches_numpy_on_every_framework_and_backend or test_errors_match_the_reference or
+  test_no_leaks_reported_when_everything_is_released or test_framework_modules_offer_the_names_the_references_import'
+NEEDS_EXEC='test_bounded_memory_and_time or test_million_tiny_entries_near_the_cap'
+LIBS_ALLOWED='linux-vdso|libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|ld-linux'
+
+summary=()
+# check_wheel SUITE ARCH PYTHON TAG [--pyenv PREFIX] [--torch]: one wheel in one root.
+check_wheel() {
+  local suite=$1 arch=$2 python=$3 tag=$4 pyenv="" torch=0
+  shift 4
+  while (($#)); do
+    case $1 in --pyenv) pyenv=$2; shift 2 ;; --torch) torch=1; shift ;; esac
+  done
+  local root="$ROOTS/$suite-$arch" t0=$SECONDS binds=(--bind "$DIST:/wheels" --bind "$ROOT/tests:/src/tests")
+  printf '\n\033[1m--- %s on %s %s (%s)\033[0m\n' "$tag" "$suite" "$arch" "$python"
+  local py=("$python") pip_args=(--break-system-packages)
+  if [ -n "$pyenv" ]; then
+    # A venv of this machine's pyenv build, whose base stays read-only: pip installs into the venv.
+    binds+=(--bind "$pyenv:$pyenv")
+    rm -rf "$root/opt/venv-$python"
+    in_root "$root" "$arch" "${binds[@]}" -- "$pyenv/bin/$python" -m venv "/opt/venv-$python"
+    py=("/opt/venv-$python/bin/python")
+    pip_args=()
+  fi
+  [ $torch = 1 ] && binds+=(--bind "$(dirname "$TORCH_WHEEL"):/torch")
+  run() { in_root "$root" "$arch" "${binds[@]}" -- "$@"; }
+  rm -rf "$root/work"
+  mkdir -p "$root/work"
+  run "${py[@]}" -m pip install -q "${pip_args[@]}" --no-index --find-links /wheels safetensors
+  cp constraints.txt "$root/work/constraints.txt"
+  # pyenv's Pythons have no distribution numpy: PyPI's (pytest and hypothesis pinned here need Python 3.11).
+  [ -n "$pyenv" ] && run "${py[@]}" -m pip install -q -c /work/constraints.txt numpy
+  if [ $torch = 1 ]; then
+    # With PyPI's numpy and ml_dtypes, as the development venv has them (the torch tests use bfloat16 arrays).
+    run "${py[@]}" -m pip install -q "${pip_args[@]}" -c /work/constraints.txt "/torch/$(basename "$TORCH_WHEEL")" \
+      numpy ml_dtypes
+  fi
+  run "${py[@]}" /src/tests/wheel/check_wheel.py /work/out "$tag"
+
+  # The `safetensors` command pip installed: its script run by that Python (aarch64 cannot exec it here).
+  local cli
+  cli=$(run "${py[@]}" -c 'import sys, sysconfig; print(sysconfig.get_path("scripts"))')/safetensors
+  run "${py[@]}" "$cli" inspect /work/out/numpy.safetensors
+  run "${py[@]}" "$cli" verify --scan /work/out/numpy.safetensors
+  [ "$arch" = amd64 ] && run "$cli" verify -q /work/out/numpy.safetensors
+
+  # What the module needs, as this system's dynamic loader resolves it: glibc's libraries only.
+  local module loader
+  module=$(run "${py[@]}" -c 'import safetensors._safetensors_cpp as m; print(m.__file__)')
+  loader=$(case $arch in amd64) echo /lib64/ld-linux-x86-64.so.2 ;; arm64) echo /lib/ld-linux-aarch64.so.1 ;; esac)
+  local needed
+  needed=$(run "$loader" --list "$module")
+  echo "$needed"
+  # (Under qemu the vDSO is listed without a name.)
+  if awk '{print $1}' <<<"$needed" | grep '\.so' | grep -vE "$LIBS_ALLOWED" | grep -q .; then
+    echo "FAILED: $module needs a library outside glibc"
+    exit 1
+  fi
+
+  if [ -n "$pyenv" ]; then
+    summary+=("$(printf '%-55s %-14s %3ds  %s' "$tag" "$suite-$arch" $((SECONDS - t0)) "(pyenv $python: no pytest)")")
+    return
+  fi
+  local tests=("${TESTS_BASE[@]}") leave_out=()
+  [ $torch = 1 ] && tests+=("${TESTS_TORCH[@]}") || leave_out+=("$NEEDS_TORCH")
+  [ "$arch" = arm64 ] && leave_out+=("$NEEDS_EXEC")
+  run "${py[@]}" -c 'import ml_dtypes' 2>/dev/null && tests+=("${TESTS_ML_DTYPES[@]}")
+  # The tests import the installed package: the root has no source tree.
+  local select=()
+  if ((${#leave_out[@]})); then
+    local expr
+    expr=$(printf ' or %s' "${leave_out[@]}")
+    select=(-k "not ($(tr -s ' \n' ' ' <<<"${expr# or }"))")
+  fi
+  run "${py[@]}" -m pytest -q -p no:cacheprovider "${select[@]}" "${tests[@]/#//src/tests/python/}"
+  summary+=("$(printf '%-55s %-14s %3ds  %s' "$tag" "$suite-$arch" $((SECONDS - t0)) "${tests[*]}")")
+}
+
+pyenv_prefix() { ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$1".* 2>/dev/null | sort -V | tail -n 1; }
+wheel_tag() {  # ARCH(x86_64|aarch64) CPTAG -> the built wheel's tag, or nothing
+  local w
+  w=$(ls "$DIST"/safetensors-*-"$2-$2"-*_"$1".whl 2>/dev/null | head -n 1) || true
+  [ -n "$w" ] && basename "$w" .whl | cut -d- -f3-
+}
+
+precompile bookworm python3.11
+precompile trixie python3.13
+precompile forky python3.14
+for arch in x86_64 aarch64; do
+  deb=$(case $arch in x86_64) echo amd64 ;; aarch64) echo arm64 ;; esac)
+  tag=$(wheel_tag "$arch" cp311) && check_wheel bookworm "$deb" python3 "$tag"
+  if [ "$arch" = x86_64 ] && [ -n "$TORCH_WHEEL" ]; then
+    tag=$(wheel_tag "$arch" cp311) && check_wheel bookworm-pypi "$deb" python3 "$tag" --torch
+  fi
+  tag=$(wheel_tag "$arch" cp313) && check_wheel trixie "$deb" python3 "$tag"
+  tag=$(wheel_tag "$arch" cp314) && check_wheel forky "$deb" python3.14 "$tag"
+done
+for version in 3.10 3.12; do
+  prefix=$(pyenv_prefix "$version")
+  if tag=$(wheel_tag x86_64 "cp${version/./}") && [ -n "$prefix" ]; then
+    check_wheel bookworm-pypi amd64 "python$version" "$tag" --pyenv "$prefix"
+  fi
+done
+
+# The sdist, built by pip in a root that holds only what README lists for it (a C++ compiler, Python's headers,
+# simdjson's development files); pip fetches the build tools from PyPI (pinned by constraints.txt).
+printf '\n\033[1m--- the sdist, built by pip on bookworm amd64\033[0m\n'
+t0=$SECONDS
+root=$ROOTS/sdist-amd64
+rm -rf "$root/work"
+mkdir -p "$root/work"
+cp constraints.txt "$root/work/constraints.txt"
+in_root "$root" amd64 --bind "$DIST:/wheels" --bind "$ROOT/tests:/src/tests" --env PIP_CONSTRAINT=/work/constraints.txt \
+  --env CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" -- \
+  python3 -m pip install -q --break-system-packages "/wheels/$(basename "$(ls "$DIST"/safetensors-*.tar.gz)")"
+in_root "$root" amd64 --bind "$ROOT/tests:/src/tests" -- python3 /src/tests/wheel/check_wheel.py /work/out \
+  cp311-cp311-linux_x86_64
+summary+=("$(printf '%-55s %-14s %3ds  %s' "sdist (pip install, built here)" "sdist-amd64" $((SECONDS - t0)) \
+  "check_wheel.py")")
+
+printf '\n\033[1m=== wheels: %s\033[0m\n' "$DIST"
+ls -l "$DIST"
+printf '  %s\n' "${summary[@]}"

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Builds the sdist and self-contained binary wheels of the Python package into dist/ (or $SAFETENSORS_WHEEL_OUT):
+# Linux x86_64 and aarch64, one wheel per CPython version, each tagged with the oldest manylinux policy that
+# `auditwheel show` finds it satisfies (dist/auditwheel-show.txt keeps what it said).
+#
+#   bash scripts/wheel.sh          # needs: Debian 12 as scripts/setup.sh leaves it (mmdebstrap), root, network
+#                                  # to PyPI and the Debian mirror; no compiler of the machine is used
+#
+# How (README, "Wheels"):
+# - The wheels are built from the sdist (unpacked), as a user's `pip install` of the sdist would build.
+# - Compiler: zig's clang (PyPI `ziglang`) targeting glibc 2.17 (manylinux2014) for both architectures, so
+#   aarch64 is cross-built here and nothing runs under emulation. zig links its own libc++ statically.
+# - simdjson: built from Debian's source package of the version Debian 12 ships (the one the development build
+#   links), its single-header amalgamation compiled into the module (cmake/SafetensorsSimdjson.cmake).
+# - Python headers: each Debian release's libpython3.X-dev, unpacked (never installed) for each architecture
+#   (forky, Debian testing, for 3.14: the mirror reached here may serve its Release file past its Valid-Until
+#   date, so that date is not checked there; its signature is);
+#   3.10 and 3.12, which no Debian release ships, from this machine's pyenv builds, for x86_64 only (no aarch64
+#   headers of them are available here). A version whose headers are missing is skipped with a note.
+# - The module is built once per architecture, then re-linked per Python version: only the binding and
+#   nanobind depend on the version (one CMake build tree per architecture, reconfigured per version).
+# JOBS (default 2) sets the build's parallelism.
+set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) fails the script too
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${SAFETENSORS_WHEEL_OUT:-$ROOT/dist}
+B=$ROOT/build/wheels
+JOBS=${JOBS:-2}
+MIRROR=http://deb.debian.org/debian
+GLIBC=2.17
+# simdjson: the release Debian 12 packages (libsimdjson-dev 3.0.1-1 in scripts/setup.sh's list), from Debian's
+# source package; the checksum is the one its .dsc lists.
+SIMDJSON_VERSION=3.0.1
+SIMDJSON_SHA256=156b1bc5eb0561b2bd166b46d191fd3d95a3e709cc63761477d3b7aec2b6e9ed
+# ARCH PYTHON HEADERS: where each wheel's Python headers come from (a Debian release, or pyenv).
+TARGETS=(
+  "x86_64 3.10 pyenv"
+  "x86_64 3.11 bookworm"
+  "x86_64 3.12 pyenv"
+  "x86_64 3.13 trixie"
+  "x86_64 3.14 forky"
+  "aarch64 3.11 bookworm"
+  "aarch64 3.13 trixie"
+  "aarch64 3.14 forky"
+)
+
+log() { printf '\033[1m[wheel]\033[0m %s\n' "$*"; }
+debian_arch() { case $1 in x86_64) echo amd64 ;; aarch64) echo arm64 ;; esac; }
+
+mkdir -p "$B" "$OUT"
+rm -f "$OUT"/safetensors-*.whl "$OUT"/safetensors-*.tar.gz "$OUT/auditwheel-show.txt"
+
+# --- tools: a venv of the pinned build tools (constraints.txt), apart from the development venv
+if [ ! -x "$B/venv/bin/python" ]; then
+  log "creating $B/venv (requirements-wheel.txt)"
+  "${PYTHON:-python3}" -m venv "$B/venv"
+fi
+"$B/venv/bin/python" -m pip --disable-pip-version-check -q install -c constraints.txt -r requirements-wheel.txt
+export PATH="$B/venv/bin:$PATH"
+ZIG=$(python -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
+# zig's caches (its libc++ and glibc stubs per target) stay in the build tree, not in $HOME.
+export ZIG_GLOBAL_CACHE_DIR="$B/zig-cache" ZIG_LOCAL_CACHE_DIR="$B/zig-cache"
+
+# --- the sdist, then the tree the wheels are built from
+log "sdist"
+python -m build --sdist --no-isolation --outdir "$OUT" . >"$B/sdist.log" 2>&1 || { cat "$B/sdist.log"; exit 1; }
+SDIST=$(ls "$OUT"/safetensors-*.tar.gz)
+rm -rf "$B/src" "$B/metadata"
+mkdir -p "$B/src" "$B/metadata"
+tar xzf "$SDIST" -C "$B/src"
+SRC=$(ls -d "$B"/src/safetensors-*)
+# METADATA and entry_points.txt exactly as the build backend writes them for a wheel of this sdist.
+DIST_INFO=$(python -c 'import sys; from pyproject_hooks import BuildBackendHookCaller as H
+print(H(sys.argv[1], "scikit_build_core.build").prepare_metadata_for_build_wheel(sys.argv[2]))' \
+  "$SRC" "$B/metadata" 2>>"$B/sdist.log" | tail -n 1)
+
+# --- simdjson's amalgamation, from Debian's source package
+SIMDJSON="$B/simdjson-$SIMDJSON_VERSION"
+if [ ! -f "$SIMDJSON/simdjson.cpp" ]; then
+  log "simdjson $SIMDJSON_VERSION (Debian source package)"
+  tarball="$B/simdjson_$SIMDJSON_VERSION.orig.tar.gz"
+  python -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+    "$MIRROR/pool/main/s/simdjson/simdjson_$SIMDJSON_VERSION.orig.tar.gz" "$tarball"
+  echo "$SIMDJSON_SHA256  $tarball" | sha256sum -c --quiet
+  mkdir -p "$SIMDJSON"
+  tar xzf "$tarball" -C "$SIMDJSON" --strip-components=2 \
+    "simdjson-$SIMDJSON_VERSION/singleheader/simdjson.cpp" "simdjson-$SIMDJSON_VERSION/singleheader/simdjson.h"
+  rm -f "$tarball"
+fi
+
+# --- Python headers: $B/python/ARCH-VERSION/python3.X, with that architecture's own pyconfig.h
+headers() {  # ARCH VERSION SOURCE -> prints the include directory, or nothing when there is none
+  local arch=$1 version=$2 source=$3 dir="$B/python/$1-$2/python$2"
+  if [ ! -f "$dir/Python.h" ]; then
+    rm -rf "$(dirname "$dir")"
+    mkdir -p "$(dirname "$dir")"
+    if [ "$source" = pyenv ]; then
+      local prefix
+      prefix=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".* 2>/dev/null | sort -V | tail -n 1) || true
+      [ -n "$prefix" ] && [ -f "$prefix/include/python$version/Python.h" ] || return 0
+      cp -r "$prefix/include/python$version" "$dir"
+    else
+      # Only unpacked (mmdebstrap's extract variant: no maintainer script runs), then the headers are kept.
+      local tmp="$B/python/root-$arch-$source"
+      rm -rf "$tmp"
+      mmdebstrap --quiet --variant=extract --arch="$(debian_arch "$arch")" --mode=root \
+        --include="libpython$version-dev" --aptopt='Acquire::Languages "none"' \
+        --aptopt="$([ "$source" = forky ] && echo 'Acquire::Check-Valid-Until "false"' || echo 'Acquire::Languages "none"')" \
+        "$source" "$tmp" "$MIRROR" >&2
+      cp -r "$tmp/usr/include/python$version" "$dir"
+      # Debian's pyconfig.h picks the multiarch one by the compiler's target; this directory is for one target.
+      cp "$tmp/usr/include/$arch-linux-gnu/python$version/pyconfig.h" "$dir/pyconfig.h"
+      rm -rf "$tmp"
+    fi
+  fi
+  echo "$dir"
+}
+
+# --- zig as the C/C++ compiler of each architecture, for glibc $GLIBC
+zig_tools() {  # ARCH -> $B/zig/ARCH/{cc,c++,ar,ranlib}
+  local d="$B/zig/$1"
+  mkdir -p "$d"
+  for tool in cc c++; do
+    printf '#!/bin/sh\nexec "%s" %s -target %s-linux-gnu.%s "$@"\n' "$ZIG" "$tool" "$1" "$GLIBC" >"$d/$tool"
+  done
+  for tool in ar ranlib; do printf '#!/bin/sh\nexec "%s" %s "$@"\n' "$ZIG" "$tool" >"$d/$tool"; done
+  chmod +x "$d"/*
+}
+
+NANOBIND_DIR=$(python -m nanobind --cmake_dir)
+# libcurl's headers (Debian's libcurl4-openssl-dev, from scripts/setup.sh): the remote source loads libcurl at run
+# time (src/remote/curl_api.h), so the wheels only compile against its declarations, which are the same for every
+# architecture (curl/system.h picks its types from the compiler's own macros).
+CURL_INCLUDE=$(dirname "$(dirname "$(dpkg -L libcurl4-openssl-dev | grep '/curl/curl.h$' | head -n 1)")")
+for arch in x86_64 aarch64; do
+  zig_tools "$arch"
+  Z="$B/zig/$arch"
+  BUILD="$B/build-$arch"
+  configured=0
+  for target in "${TARGETS[@]}"; do
+    read -r t_arch version source <<<"$target"
+    [ "$t_arch" = "$arch" ] || continue
+    include=$(headers "$arch" "$version" "$source")
+    if [ -z "$include" ]; then
+      log "SKIPPED $arch cp${version/./}: no Python $version headers ($source)"
+      continue
+    fi
+    tag="cp${version/./}"
+    log "$arch $tag: building (headers: $source)"
+    # The library and simdjson do not depend on the Python version: only the binding and nanobind rebuild.
+    python_args=(-U 'Python_*' -U '_Python_*' -DPython_INCLUDE_DIR="$include"
+                 -DSKBUILD_SOABI="cpython-${version/./}-$arch-linux-gnu" -DSKBUILD_SOSABI=abi3)
+    if ((configured)); then
+      cmake "$BUILD" "${python_args[@]}" >"$BUILD.log"
+    else
+      rm -rf "$BUILD"
+      cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR="$arch" \
+        -DCMAKE_C_COMPILER="$Z/cc" -DCMAKE_CXX_COMPILER="$Z/c++" -DCMAKE_AR="$Z/ar" -DCMAKE_RANLIB="$Z/ranlib" \
+        -DSAFETENSORS_SIMDJSON_SOURCE="$SIMDJSON" -DSAFETENSORS_CURL_INCLUDE_DIR="$CURL_INCLUDE" -DSAFETENSORS_WERROR=OFF \
+        -DSAFETENSORS_BUILD_PYTHON=ON -DSAFETENSORS_PYTHON_HEADERS_ONLY=ON -Dnanobind_DIR="$NANOBIND_DIR" \
+        -DSAFETENSORS_BUILD_TESTS=OFF -DSAFETENSORS_BUILD_BENCHMARKS=OFF -DSAFETENSORS_BUILD_EXAMPLES=OFF \
+        -DSAFETENSORS_INSTALL=OFF "${python_args[@]}" >"$BUILD.log"
+      configured=1
+    fi
+    ninja -C "$BUILD" -j "$JOBS" _safetensors_cpp >>"$BUILD.log" || { tail -n 40 "$BUILD.log"; exit 1; }
+    module="$BUILD/python/_safetensors_cpp.cpython-${version/./}-$arch-linux-gnu.so"
+
+    # A provisional linux_ARCH wheel, the policy auditwheel finds for it, then the wheel under that tag (plus the
+    # legacy alias pip versions before 20.3 know).
+    rm -rf "$B/provisional"
+    provisional=$(python scripts/wheel_assemble.py "$SRC" "$B/metadata/$DIST_INFO" "$module" \
+      "$tag-$tag-linux_$arch" "$B/provisional")
+    policy=$(auditwheel show "$provisional" 2>/dev/null | tr -s ' \n' ' ' |
+      sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p')
+    case $policy in
+      manylinux_2_17_*) platform="$policy.manylinux2014_$arch" ;;
+      manylinux_*) platform=$policy ;;
+      *) echo "auditwheel show found no manylinux policy for $provisional:"; auditwheel show "$provisional"; exit 1 ;;
+    esac
+    wheel=$(python scripts/wheel_assemble.py "$SRC" "$B/metadata/$DIST_INFO" "$module" "$tag-$tag-$platform" "$OUT")
+    auditwheel show "$wheel" >>"$OUT/auditwheel-show.txt" 2>/dev/null
+    echo >>"$OUT/auditwheel-show.txt"
+    log "$(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+  done
+done
+
+log "done: $OUT"
+ls -l "$OUT"
