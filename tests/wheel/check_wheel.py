@@ -5,7 +5,8 @@
 EXPECTED_TAG is the tag the wheel was built for (e.g. cp311-cp311-manylinux_2_17_aarch64): pip must have chosen
 that wheel for this interpreter. Then: the package and its native module come from the installed wheel, files
 round-trip byte for byte with numpy (every dtype numpy holds, both backends, slices, metadata, errors), and with
-torch where torch is installed (every torch dtype, safe_open, save_model/load_model). WORKDIR receives
+torch where torch is installed (every torch dtype, safe_open, save_model/load_model), and what a URL
+does without libcurl on the system. WORKDIR receives
 files the stage then reads with the `safetensors` command. Needs only the standard library and numpy; prints
 one line per check and exits non-zero on the first failure.
 """
@@ -170,6 +171,32 @@ def check_torch(work: Path) -> None:
         torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values())))
 
 
+def check_remote() -> None:
+    """A URL needs libcurl, which the wheel does not carry: it is loaded from the system when a URL is first
+    opened. Where the system has it, a URL nobody answers is an I/O error naming it; where it has not, the error
+    says what is missing. Local files never need it (the checks above ran either way)."""
+    import ctypes
+
+    from safetensors import SafetensorError, safe_open
+
+    url = "http://127.0.0.1:1/model.safetensors"
+    try:
+        safe_open(url, "np", storage_options={"max_retries": 0})
+    except SafetensorError as e:
+        text = str(e)
+    else:
+        text = "no error"
+    try:
+        ctypes.CDLL("libcurl.so.4")  # the loader's search, as the library's dlopen makes it
+        have_libcurl = True
+    except OSError:
+        have_libcurl = False
+    if not have_libcurl:
+        check("a URL without libcurl says what is missing", "need libcurl" in text, text)
+    else:
+        check("a URL nobody answers names it", url in text and "Connection refused" in text, text)
+
+
 def main() -> None:
     work, tag = Path(sys.argv[1]), sys.argv[2]
     work.mkdir(parents=True, exist_ok=True)
@@ -177,6 +204,7 @@ def main() -> None:
     check_install(tag)
     check_numpy(work)
     check_torch(work)
+    check_remote()
 
 
 if __name__ == "__main__":
