@@ -132,7 +132,12 @@ NANOBIND_DIR=$(python -m nanobind --cmake_dir)
 # libcurl's headers (Debian's libcurl4-openssl-dev, from scripts/setup.sh): the remote source loads libcurl at run
 # time (src/remote/curl_api.h), so the wheels only compile against its declarations, which are the same for every
 # architecture (curl/system.h picks its types from the compiler's own macros).
-CURL_INCLUDE=$(dirname "$(dirname "$(dpkg -L libcurl4-openssl-dev | grep '/curl/curl.h$' | head -n 1)")")
+# Copied to a directory of their own: the multiarch directory they live in also holds the host's glibc headers,
+# which must not shadow zig's.
+CURL_INCLUDE=$B/curl-include
+rm -rf "$CURL_INCLUDE"
+mkdir -p "$CURL_INCLUDE"
+cp -r "$(dirname "$(dpkg -L libcurl4-openssl-dev | grep '/curl/curl.h$' | head -n 1)")" "$CURL_INCLUDE/"
 for arch in x86_64 aarch64; do
   zig_tools "$arch"
   Z="$B/zig/$arch"
