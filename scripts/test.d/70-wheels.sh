@@ -83,7 +83,7 @@ precompile() {  # SUITE PYTHON(python3.X)
 # cannot start an aarch64 program from an aarch64 program).
 TESTS_BASE=(test_api.py test_engine_binding.py test_malicious.py test_slicing.py test_sharded.py
             test_error_text_keeps_nul_bytes.py)
-TESTS_TORCH=(test_torch.py test_prefetch.py test_adapter.py test_binding_export.py test_bug_prefetch_f64_not_f6.py
+TESTS_TORCH=(test_torch.py test_prefetch.py test_adapter.py test_binding_export.py test_prefetch_takes_f64_not_as_f6.py
              test_cli.py)
 TESTS_ML_DTYPES=(test_numpy.py)
 NEEDS_TORCH='test_matches_numpy_on_every_framework_and_backend or test_errors_match_the_reference or
