@@ -27,8 +27,8 @@ struct ReadPiece {
   std::uint64_t length;
   std::string_view tensor;
   // host_swap_bytes() of the tensor's dtype (0: a data range, or no swap on this host): the piece is swapped
-  // to native values once it landed. Pieces start at multiples of kReadChunk into their tensor or run, so
-  // they hold whole units.
+  // to native values once it landed. Pieces start at multiples of kReadChunk into their tensor or run, or at
+  // aligned file offsets a whole number of units into it (split_read), so they hold whole units.
   std::uint8_t swap = 0;
 };
 static_assert(kReadChunk % 8 == 0, "read pieces must hold whole swap units");
@@ -37,18 +37,19 @@ static_assert(kReadChunk % 8 == 0, "read pieces must hold whole swap units");
 std::string read_of(std::string_view tensor);
 
 // Appends [source_offset, source_offset + dst.size()) of `source` as pieces of at most kReadChunk bytes, each
-// swapped with width `swap` once read (see ReadPiece::swap).
+// swapped with width `swap` once read (see ReadPiece::swap). Where the source has a ReadHints::alignment, the
+// pieces after the first start at multiples of it in the file.
 void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
                 std::uint8_t swap, std::vector<ReadPiece>* pieces);
 
 // Reads every piece with up to `threads` threads (0 = the source's ReadHints::parallelism, else by `total`,
 // the pieces' bytes, and the hardware); the first error wins. Where the source's ReadHints::merge_gap is set,
 // consecutive pieces smaller than it that lie within it of each other are read as one (a remote source's
-// request costs a round trip); pieces of one call must then be in file order for merging to apply. Pieces are handed out in order, so pieces of different requests -- or files -- appended
-// in turn are read side by side, and the readers hint their pieces' Sources ahead (hint_ahead,
-// Source::prefetch). Every read is a positional read (read_exact), so a file that shrank or fails
-// underneath gives kIo, even on the mmap backend; the pieces keep a warm read as fast as copying out of the
-// mapping.
+// request costs a round trip); pieces of one call must then be in file order for merging to apply. Pieces are handed
+// out in order, so pieces of different requests -- or files -- appended in turn are read side by side, and the readers
+// hint their pieces' Sources ahead (hint_ahead, Source::prefetch). Every read is a positional read (read_exact), so a
+// file that shrank or fails underneath gives kIo, even on the mmap backend; the pieces keep a warm read as fast as
+// copying out of the mapping.
 Status read_pieces(std::span<const ReadPiece> pieces, std::uint64_t total, unsigned threads);
 
 }  // namespace safetensors::internal
