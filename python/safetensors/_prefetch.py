@@ -109,8 +109,8 @@ class PrefetchLoader:
     """The tensors of one file loading in the background, returned by ``safe_open.prefetch``. Each tensor is
     handed out once, by ``take`` or by iterating. Thread-safe; a context manager that closes on exit."""
 
-    def __init__(self, reader: Any, pieces: List[Tuple[str, Piece]], device: Any, threads: int) -> None:
-        self._file = reader.file  # keeps the file open: the loader outlives the handle
+    def __init__(self, file: Any, pieces: List[Tuple[str, Piece]], device: Any, threads: int) -> None:
+        self._file = file  # keeps the file open: the loader outlives the handle
         self._order = [name for name, _ in pieces]
         self._pieces = dict(pieces)
         self._lock = threading.Condition()
@@ -127,7 +127,7 @@ class PrefetchLoader:
                 self._land([name], [_meta(piece, device)])
             return
         # Every destination is allocated now (only the planned bytes); the engine fills them in the background.
-        tensors = [_empty(piece, device) for _, piece in pieces]
+        tensors = [_empty(piece, device, file) for _, piece in pieces]
         if device.type == "cpu":
             from ._engine import DirectLoad
 
@@ -304,12 +304,16 @@ class TensorStream:
         return item
 
 
-def _empty(piece: Piece, device: Any) -> Any:
+def _empty(piece: Piece, device: Any, file: Any) -> Any:
     import torch
 
     from .torch import _torch_dtype, _torch_shape
 
-    code, shape, _, _ = piece
+    code, shape, begin, end = piece
+    if device.type == "cpu" and file.backend == "direct" and end > begin:
+        # Memory placed where the file's direct reads land in it without a bounce (File.destination).
+        raw = torch.from_dlpack(file.destination(begin, end - begin))
+        return raw.view(_torch_dtype(code)).reshape(_torch_shape(code, shape))
     return torch.empty(_torch_shape(code, shape), dtype=_torch_dtype(code), device=device)
 
 

@@ -176,8 +176,8 @@ class _Torch(Framework):
 
     def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
         # The reference indexes a torch tensor on the mmap backend (torch's errors) and uses its own indexer
-        # on the pread backend.
-        if reader.file.backend == "mmap":
+        # on the pread backend: what the caller asked for decides (a device load reads an "mmap" file as "auto").
+        if reader.asked == "mmap":
             from ._slice_errors import torch_indexing_error
 
             return torch_indexing_error(index, _torch_shape(code, shape))
