@@ -103,7 +103,7 @@ def load_file(
     *,
     group: Optional[dist.ProcessGroup] = None,
     plan: Plan = None,
-    backend: str = "pread",
+    backend: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     stats: Optional[LoadStats] = None,
 ) -> Dict[str, torch.Tensor]:
@@ -123,7 +123,8 @@ def load_file(
             rows ``[start, stop)`` of its first dimension (negative bounds count from the end; never clamped),
             as for ``safe_open.prefetch``; ``{}`` takes part in the load and gets nothing. Ranks needing the
             same bytes share one read; bytes no rank needs are not read.
-        backend: how files are opened (``"pread"`` or ``"mmap"``); tensors always own their memory.
+        backend: how files are read (``"auto"``: past the page cache where a file is not cached, else through
+            it; ``"direct"``, ``"pread"`` or ``"mmap"``: as for ``safe_open``); tensors always own their memory.
         chunk_bytes: bytes per chunk (a multiple of the page size): the unit of one read and one collective.
         stats: a :class:`LoadStats` to fill with what this rank read and moved.
 
@@ -145,7 +146,7 @@ def load_sharded(
     *,
     group: Optional[dist.ProcessGroup] = None,
     plan: Plan = None,
-    backend: str = "pread",
+    backend: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     stats: Optional[LoadStats] = None,
 ) -> Dict[str, torch.Tensor]:
@@ -473,8 +474,9 @@ def _load(source: Any, device: Any, group: Optional[dist.ProcessGroup], plan: Pl
                                   f"{chunk_bytes!r}")
         target = resolve_torch_device(device)
         comm = grp.comm_device(target)
-        if backend not in ("mmap", "pread"):
-            raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+        if backend not in ("mmap", "pread", "direct", "auto"):
+            raise SafetensorError(
+                f'backend "{backend}" is invalid (expected one of: "mmap", "pread", "direct", "auto")')
         opened = source.open(backend)
         pieces = _plan(source, opened, plan)
         for file_pieces in pieces:
