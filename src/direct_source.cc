@@ -1,7 +1,10 @@
 #include "direct_source.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,17 +43,20 @@ constexpr unsigned kStatxDioalign = 0x2000;  // STATX_DIOALIGN
 std::uint64_t round_down(std::uint64_t v, std::uint64_t a) { return v & ~(a - 1); }
 
 // Aligned memory for reads that cannot go straight to their destination, kept for reuse: one buffer per
-// concurrent bounced read at most, the idle ones up to kMaxIdle.
+// concurrent bounced read at most, the idle ones up to kMaxIdle. Buffers are `bytes` long; huge ones are
+// 2 MiB-aligned and asked to be transparent huge pages (see reads_through_bounce).
 class BouncePool {
  public:
-  explicit BouncePool(std::uint64_t alignment) : alignment_(std::max<std::uint64_t>(alignment, 64)) {}
+  BouncePool(std::uint64_t bytes, bool huge) : bytes_(bytes), huge_(huge) {}
   ~BouncePool() {
-    for (std::byte* p : idle_) std::free(p);
+    for (std::byte* p : idle_) release(p);
   }
   BouncePool(const BouncePool&) = delete;
   BouncePool& operator=(const BouncePool&) = delete;
 
-  // kBounceBytes at an address aligned to the pool's alignment, or nullptr when memory is short.
+  std::uint64_t bytes() const { return bytes_; }
+
+  // A buffer, or nullptr when memory is short.
   std::byte* take() EXCLUDES(mu_) {
     {
       MutexLock lock(&mu_);
@@ -59,8 +66,20 @@ class BouncePool {
         return p;
       }
     }
-    // kBounceBytes is a multiple of the alignment (checked when the source is made), as aligned_alloc wants.
-    return static_cast<std::byte*>(std::aligned_alloc(alignment_, kBounceBytes));
+    if (!huge_) {
+      // bytes_ is a multiple of every alignment up to kBounceBytes (checked when the source is made).
+      return static_cast<std::byte*>(std::aligned_alloc(kBounceBytes, bytes_));
+    }
+    // A 2 MiB-aligned stretch inside a mapping with room to align it; munmap takes it back whole.
+    void* base = ::mmap(nullptr, bytes_ + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return nullptr;
+    const auto first = reinterpret_cast<std::uintptr_t>(base);
+    const std::uintptr_t aligned = (first + kHuge - 1) & ~(kHuge - 1);
+    if (aligned > first) (void)::munmap(base, aligned - first);
+    if (aligned - first < kHuge) (void)::munmap(reinterpret_cast<void*>(aligned + bytes_), kHuge - (aligned - first));
+    // Advice only: without transparent huge pages the reads still work, in smaller requests.
+    (void)::madvise(reinterpret_cast<void*>(aligned), bytes_, MADV_HUGEPAGE);
+    return reinterpret_cast<std::byte*>(aligned);
   }
   void give(std::byte* p) EXCLUDES(mu_) {
     {
@@ -70,15 +89,62 @@ class BouncePool {
         return;
       }
     }
-    std::free(p);
+    release(p);
   }
 
  private:
-  static constexpr std::size_t kMaxIdle = 16;
-  const std::uint64_t alignment_;
+  static constexpr std::size_t kMaxIdle = 8;
+  static constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  void release(std::byte* p) const {
+    if (huge_) {
+      (void)::munmap(p, bytes_);
+    } else {
+      std::free(p);
+    }
+  }
+  const std::uint64_t bytes_;
+  const bool huge_;
   Mutex mu_;
   std::vector<std::byte*> idle_ GUARDED_BY(mu_);
 };
+
+// One number from a sysfs file, or 0.
+std::uint64_t sysfs_number(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[32] = {};
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  return n > 0 ? std::strtoull(text, nullptr, 10) : 0;
+}
+
+std::atomic<int> g_force_bounce{-1};  // testing::set_direct_bounce: -1 by the device, 0 never, 1 always
+
+// Whether direct reads should all go through huge-page bounce memory (reads_through_bounce): the block device
+// under the file splits a read into memory of 4 KiB pages into requests smaller than it accepts, because it
+// takes fewer segments (max_segments, one per page) than a full request (max_sectors_kb) has pages, and
+// transparent huge pages can give the bounce memory fewer, larger segments.
+bool device_prefers_bounce(int fd) {
+  const int forced = g_force_bounce.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || ::major(st.st_dev) == 0) return false;  // not on a block device (tmpfs, FUSE)
+  const std::string dev =
+      "/sys/dev/block/" + std::to_string(::major(st.st_dev)) + ":" + std::to_string(::minor(st.st_dev));
+  std::uint64_t segments = sysfs_number(dev + "/queue/max_segments");
+  std::uint64_t sectors_kb = sysfs_number(dev + "/queue/max_sectors_kb");
+  if (segments == 0 || sectors_kb == 0) {  // a partition: its disk's queue
+    segments = sysfs_number(dev + "/../queue/max_segments");
+    sectors_kb = sysfs_number(dev + "/../queue/max_sectors_kb");
+  }
+  if (segments == 0 || sectors_kb == 0 || segments * 4 >= sectors_kb) return false;
+  const int thp = ::open("/sys/kernel/mm/transparent_hugepage/enabled", O_RDONLY | O_CLOEXEC);
+  if (thp < 0) return false;
+  char text[128] = {};
+  const ssize_t n = ::read(thp, text, sizeof text - 1);
+  ::close(thp);
+  return n > 0 && (std::strstr(text, "[always]") != nullptr || std::strstr(text, "[madvise]") != nullptr);
+}
 
 // What a read through the O_DIRECT descriptor came to.
 enum class DirectOutcome { kDone, kFailed, kRefused };
@@ -86,16 +152,17 @@ enum class DirectOutcome { kDone, kFailed, kRefused };
 class DirectSource final : public Source {
  public:
   DirectSource(std::string path, int fd, int dfd, std::uint64_t size, DirectAlignment align, bool refused,
-               Residency residency)
+               Residency residency, bool bounce_all)
       : path_(std::move(path)),
         fd_(fd),
         dfd_(dfd),
         size_(size),
         align_(align),
         unit_(std::max(align.memory, align.offset)),
+        bounce_all_(bounce_all),
         refused_(refused),
         residency_(residency),
-        bounce_(unit_) {}
+        bounce_(bounce_all ? kHugeBounceBytes : kBounceBytes, bounce_all) {}
   ~DirectSource() override {
     close_reporting(dfd_, path_);
     close_reporting(fd_, path_);
@@ -106,7 +173,11 @@ class DirectSource final : public Source {
   std::string_view kind() const override { return direct() ? "direct" : "pread"; }
   ReadHints read_hints() const override {
     if (!direct()) return {};
-    return ReadHints{.parallelism = 0, .merge_gap = kDirectMergeGap, .alignment = unit_};
+    // Destinations congruent with the file matter only where reads go straight into them.
+    return ReadHints{.parallelism = kDirectParallelism,
+                     .merge_gap = kDirectMergeGap,
+                     .alignment = bounce_all_ ? 0 : unit_,
+                     .uncached = true};
   }
   SourceStats stats() const override {
     SourceStats s;
@@ -158,7 +229,9 @@ class DirectSource final : public Source {
     const std::uint64_t first = round_down(offset + a - 1, a);  // offset <= size_ < 2^63: no overflow
     const std::uint64_t last = round_down(end, a);
     const auto mid_address = reinterpret_cast<std::uintptr_t>(dst.data()) + (first - offset);
-    if (first >= last || mid_address % align_.memory != 0) return read_bounced(offset, dst, what, failure);
+    if (bounce_all_ || first >= last || mid_address % align_.memory != 0) {
+      return read_bounced(offset, dst, what, failure);
+    }
     if (first > offset) {
       const DirectOutcome head = read_bounced(offset, dst.first(first - offset), what, failure);
       if (head != DirectOutcome::kDone) return head;
@@ -224,7 +297,7 @@ class DirectSource final : public Source {
       const std::uint64_t at = offset + done;
       const std::uint64_t block = round_down(at, a);
       // Bytes of this step: to the end of the range or of the buffer, whichever comes first.
-      const std::uint64_t take = std::min<std::uint64_t>(dst.size() - done, kBounceBytes - (at - block));
+      const std::uint64_t take = std::min<std::uint64_t>(dst.size() - done, bounce_.bytes() - (at - block));
       // The blocks holding them; the last may reach past the end of the file (a short read then).
       const std::uint64_t length = round_down(at - block + take + a - 1, a);
       ssize_t n = 0;
@@ -235,7 +308,14 @@ class DirectSource final : public Source {
         outcome = DirectOutcome::kFailed;
         break;
       }
-      std::memcpy(dst.data() + done, buffer + (at - block), static_cast<std::size_t>(take));
+      // Copied out in pread_full's steps, each faulted in first where its pages are not there yet (new memory):
+      // the copy then writes pages that are in place and still in the CPU's cache (posix.h, kFillStep).
+      for (std::uint64_t step = 0; step < take; step += kFillStep) {
+        const std::span<std::byte> to =
+            dst.subspan(static_cast<std::size_t>(done + step), std::min<std::size_t>(kFillStep, take - step));
+        prefault_for_write(to);
+        std::memcpy(to.data(), buffer + (at - block) + step, to.size());
+      }
       bounced_bytes_.fetch_add(take, std::memory_order_relaxed);
       done += take;
     }
@@ -252,6 +332,8 @@ class DirectSource final : public Source {
   DirectAlignment align_;
   // The larger alignment: memory congruent to the file offset modulo this lines up for both.
   std::uint64_t unit_;
+  // Every read goes through (huge-page) bounce memory: device_prefers_bounce().
+  bool bounce_all_;
   mutable std::atomic<bool> refused_;
   Residency residency_;
   mutable BouncePool bounce_;
@@ -296,7 +378,16 @@ std::shared_ptr<const Source> open_direct_source(std::string path, int fd, std::
     dfd = reopen_descriptor(fd, path, O_DIRECT);
     refused = dfd < 0;
   }
-  return std::make_shared<DirectSource>(std::move(path), fd, dfd, size, align, refused, residency);
+  const bool bounce_all = use_direct && !refused && device_prefers_bounce(fd);
+  return std::make_shared<DirectSource>(std::move(path), fd, dfd, size, align, refused, residency, bounce_all);
 }
 
 }  // namespace safetensors::internal
+
+namespace safetensors::testing {
+
+void set_direct_bounce(std::optional<bool> always) {
+  internal::g_force_bounce.store(always ? (*always ? 1 : 0) : -1, std::memory_order_relaxed);
+}
+
+}  // namespace safetensors::testing

@@ -96,8 +96,7 @@ const std::string& File::path() const { return state_->source->name(); }
 Backend File::backend() const {
   const Source& src = *state_->source;
   if (src.data() != nullptr) return src.data_is_memory() ? Backend::kMemory : Backend::kMmap;
-  // A source that asks for aligned destinations reads past the page cache.
-  return src.read_hints().alignment != 0 ? Backend::kDirect : Backend::kPread;
+  return src.read_hints().uncached ? Backend::kDirect : Backend::kPread;
 }
 const std::shared_ptr<const Source>& File::source() const { return state_->source; }
 std::uint64_t File::data_offset() const { return state_->data_offset(); }

@@ -118,8 +118,8 @@ class SAFETENSORS_EXPORT File {
   // The path, "<memory>", or the URL without its query string.
   const std::string& path() const;
   // How tensors are delivered, from what the source can do: kMmap when it gives zero-copy views of a
-  // mapping, kMemory for a caller's buffer, kDirect for positional reads past the page cache (a source that
-  // asks for aligned destinations: kDirect, or kAuto where it chose that, until a filesystem refuses it),
+  // mapping, kMemory for a caller's buffer, kDirect for positional reads past the page cache (ReadHints::uncached:
+  // kDirect, or kAuto where it chose that, until a filesystem refuses it),
   // kPread for other positional reads (a file not mapped -- kMmap may have fallen back -- or a remote object).
   // Never kAuto.
   Backend backend() const;

@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -78,6 +79,8 @@ struct ReadHints {
   // cost no copy, and reads cut at multiples of it in the file need no bounce for their edges (a direct
   // source); 0: every address is as good.
   std::uint64_t alignment = 0;
+  // Reads bypass the page cache: what they read is not cached for the next reader (a direct source).
+  bool uncached = false;
 };
 
 // What a Source has done so far, for sources that count (remote and direct ones); all zero elsewhere.
@@ -220,6 +223,11 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
 
   std::shared_ptr<const Source> base_;
 };
+
+// Direct sources opened from now on read everything through bounce memory (true), straight into aligned
+// destinations where they can (false), or as the device under the file suggests (nullopt, the default; see
+// SourceStats and README). Process-wide; for tests only.
+SAFETENSORS_EXPORT void set_direct_bounce(std::optional<bool> always);
 
 // While set, open_file_source(path, kMmap) behaves as if mapping failed and returns a pread Source
 // (LevelDB's EnvPosixTestHelper::SetReadOnlyMMapLimit(0)). Process-wide; for tests only.

@@ -198,6 +198,11 @@ def dtype_table() -> list[tuple[str, int, str, int, int | None, int, str, str]]:
 def live_mappings() -> int:
     """Number of file mappings alive in this process (for tests)."""
 
+def set_direct_bounce(always: bool | None) -> None:
+    """
+    For tests: direct sources opened from now on read everything through bounce memory (True), straight into aligned destinations where they can (False), or as the device under the file suggests (None).
+    """
+
 DEFAULT_MAX_HEADER_BYTES: int = 100000000
 
 DEFAULT_READER_THREADS: int = 8

@@ -568,6 +568,9 @@ NB_MODULE(_safetensors_cpp, m) {
       "order: the one dtype table (include/safetensors/dtype.h). kind is bool/signed/unsigned/float/complex.");
 
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
+  m.def("set_direct_bounce", &testing::set_direct_bounce, "always"_a.none(),
+        "For tests: direct sources opened from now on read everything through bounce memory (True), straight "
+        "into aligned destinations where they can (False), or as the device under the file suggests (None).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;
   bind_engine(m);
   bind_sharded(m);

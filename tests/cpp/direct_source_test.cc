@@ -25,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,7 +101,26 @@ std::span<const std::byte> expected(const Fixture& fx, const TensorInfo& t) {
 // Whether `f` reads past the page cache (a filesystem may refuse; that is tested on its own below).
 bool reads_directly(const File& f) { return f.backend() == Backend::kDirect; }
 
-TEST(DirectAlignment, EveryReadPathIsByteIdenticalAtEveryAlignment) {
+// Direct sources opened while it lives read everything through bounce memory, or straight into aligned
+// destinations where they can, whatever the device under the file suggests.
+class ScopedBounce {
+ public:
+  explicit ScopedBounce(bool always) { testing::set_direct_bounce(always); }
+  ~ScopedBounce() { testing::set_direct_bounce(std::nullopt); }
+  ScopedBounce(const ScopedBounce&) = delete;
+  ScopedBounce& operator=(const ScopedBounce&) = delete;
+};
+
+// Both ways of reading: straight into aligned destinations (false), everything through bounce memory (true).
+class DirectAlignment : public ::testing::TestWithParam<bool> {
+ protected:
+  ScopedBounce bounce_{GetParam()};
+};
+
+INSTANTIATE_TEST_SUITE_P(Copies, DirectAlignment, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Bounced" : "Straight"; });
+
+TEST_P(DirectAlignment, EveryReadPathIsByteIdenticalAtEveryAlignment) {
   TempDir dir;
   const Fixture fx = write_model(dir);
   auto f = File::open(fx.path, {.backend = Backend::kDirect});
@@ -172,9 +192,10 @@ TEST(DirectAlignment, EveryReadPathIsByteIdenticalAtEveryAlignment) {
   EXPECT_GT(s.direct_bytes, 0u);
   EXPECT_EQ(s.cached_bytes, 0u);
   EXPECT_FALSE(s.direct_refused);
+  EXPECT_TRUE(f->source()->read_hints().uncached);
 }
 
-TEST(DirectAlignment, ThreadedEngineDeliversExactBytesDirectAndStaged) {
+TEST_P(DirectAlignment, ThreadedEngineDeliversExactBytesDirectAndStaged) {
   TempDir dir;
   const Fixture fx = write_model(dir);
   auto f = File::open(fx.path, {.backend = Backend::kDirect});
@@ -218,7 +239,8 @@ TEST(DirectAlignment, ThreadedEngineDeliversExactBytesDirectAndStaged) {
   }
 }
 
-TEST(DirectAlignment, AlignedDestinationsAreReadStraightIntoOthersThroughBounceMemory) {
+TEST(DirectCopies, AlignedDestinationsAreReadStraightIntoOthersThroughBounceMemory) {
+  ScopedBounce straight(false);
   TempDir dir;
   const Fixture fx = write_model(dir);
   auto f = File::open(fx.path, {.backend = Backend::kDirect});
@@ -264,6 +286,23 @@ TEST(DirectAlignment, AlignedDestinationsAreReadStraightIntoOthersThroughBounceM
     ASSERT_ST_OK((*pf)->release(ev->slab));
   }
   EXPECT_LE(f->source()->stats().bounced_bytes - before, 2 * unit);
+}
+
+TEST(DirectCopies, ADeviceThatSplitsScatteredReadsGetsEveryReadThroughBounceMemory) {
+  ScopedBounce always(true);
+  TempDir dir;
+  const Fixture fx = write_model(dir);
+  auto f = File::open(fx.path, {.backend = Backend::kDirect});
+  ASSERT_ST_OK(f);
+  ASSERT_TRUE(reads_directly(*f));
+  // Aligned destinations would not help: the source does not ask for them.
+  EXPECT_EQ(f->source()->read_hints().alignment, 0u);
+  const TensorInfo* big = f->find("t18");
+  Congruent lined_up = congruent(big->nbytes(), f->data_offset() + big->begin, 0);
+  const std::uint64_t before = f->source()->stats().bounced_bytes;
+  ASSERT_ST_OK(f->read_into(*big, lined_up.bytes));
+  EXPECT_EQ(f->source()->stats().bounced_bytes - before, big->nbytes());
+  ASSERT_TRUE(std::ranges::equal(lined_up.bytes, expected(fx, *big)));
 }
 
 // A syscall table whose O_DIRECT opens, or O_DIRECT reads, fail with EINVAL as a filesystem that refuses direct

@@ -113,8 +113,25 @@ def same(a: dict, b: dict) -> bool:
         a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and raw(a[k]) == raw(b[k]) for k in a)
 
 
+@pytest.fixture
+def straight():
+    """Direct sources read straight into aligned destinations, whatever the device under the file suggests."""
+    _cpp.set_direct_bounce(False)
+    yield
+    _cpp.set_direct_bounce(None)
+
+
+@pytest.fixture(params=[False, True], ids=["straight", "bounced"])
+def copies(request: pytest.FixtureRequest):
+    """Both ways of reading directly: straight into aligned destinations, everything through bounce memory."""
+    _cpp.set_direct_bounce(request.param)
+    yield request.param
+    _cpp.set_direct_bounce(None)
+
+
 @pytest.mark.parametrize("backend", ["direct", "auto"])
-def test_every_read_path_gives_the_exact_bytes_of_unaligned_tensors(model_path: Path, backend: str) -> None:
+def test_every_read_path_gives_the_exact_bytes_of_unaligned_tensors(model_path: Path, backend: str,
+                                                                    copies: bool) -> None:
     want = unaligned_model()
     file = _cpp.File(str(model_path), backend)
     if backend == "direct":
@@ -143,7 +160,8 @@ def test_every_read_path_gives_the_exact_bytes_of_unaligned_tensors(model_path: 
         assert bytes(buf) == whole[start:start + length]
 
 
-def test_owned_tensors_are_read_straight_into_memory_of_their_own(model_path: Path, tmp_path: Path) -> None:
+def test_owned_tensors_are_read_straight_into_memory_of_their_own(model_path: Path, tmp_path: Path,
+                                                                   straight: None) -> None:
     file = _cpp.File(str(model_path), "direct")
     assert file.backend == "direct"
     unit = PAGE  # at least the direct-I/O alignment of the filesystems here
