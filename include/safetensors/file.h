@@ -11,7 +11,7 @@
 // fits in 64 bits. Nothing proportional to a size declared in the file is allocated before that size has been
 // checked against the file's real size. After open() succeeds, reads fail only on I/O errors, including a
 // file that shrank after it was opened: every read (read_into, read_many, read_range, read_slice) is a
-// positional read on both backends, so these come back as kIo naming the file and the tensor, never as
+// positional read on every backend, so these come back as kIo naming the file and the tensor, never as
 // SIGBUS. Only the bytes of a zero-copy view() are unprotected (see view()).
 //
 // Destination memory: reads fill a destination 512 KiB at a time, and where a step's pages are not there yet

@@ -53,8 +53,10 @@ _DOCS = {
                  "the new file durable before returning.",
     "load": "Every tensor of the file in ``data``{on}, in memory of its own.",
     "load_file": "Every tensor of ``filename``{on}, in file order. ``backend``: ``\"mmap\"`` maps the file (CPU "
-                 "tensors are copy-on-write views of the mapping where the framework can wrap memory) or "
-                 "``\"pread\"`` (positional reads into memory of their own).",
+                 "tensors are copy-on-write views of the mapping where the framework can wrap memory), "
+                 "``\"pread\"`` (positional reads into memory of their own, through the page cache), "
+                 "``\"direct\"`` (the same past the page cache, O_DIRECT) or ``\"auto\"`` (per file: direct "
+                 "for a large file the page cache does not hold, else pread).",
 }
 
 
