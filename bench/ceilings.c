@@ -14,6 +14,13 @@
  *                                               MADV_HUGEPAGE each repetition, 3 new memory each repetition,
  *                                               each 512 KiB step of a piece faulted in with
  *                                               MADV_POPULATE_WRITE just before it is read
+ *   ceilings direct FILE  DEPTH REPS [PIECE_KIB [URING]]
+ *                                               read the whole file with O_DIRECT, past the page cache (so every
+ *                                               repetition is cold), in pieces of PIECE_KIB (default 8192) into
+ *                                               one page-aligned buffer faulted in before the first repetition,
+ *                                               with DEPTH reads in flight: DEPTH threads each with one pread
+ *                                               (URING=0), or one thread keeping DEPTH reads queued on an
+ *                                               io_uring (URING=1; raw syscalls, no liburing)
  *   ceilings write  FILE  BYTES THREADS REPS FSYNC
  *                                               write BYTES from a pre-faulted buffer to a new FILE with
  *                                               pwrite in 8 MiB pieces (FSYNC=1: then fsync the file and its
@@ -28,6 +35,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/io_uring.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -36,6 +44,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,7 +77,7 @@ static unsigned char* fresh(size_t n) {
   return p;
 }
 
-enum op { OP_MEMCPY, OP_TOUCH, OP_PREAD, OP_WRITE };
+enum op { OP_MEMCPY, OP_TOUCH, OP_PREAD, OP_WRITE, OP_DIRECT };
 
 struct job {
   enum op op;
@@ -99,6 +108,21 @@ static void* worker(void* arg) {
           }
           off += (size_t)put;
           n -= (size_t)put;
+        }
+        break;
+      case OP_DIRECT:
+        /* whole blocks: the last piece is rounded up (the buffer has room), and ends early at end of file */
+        n = (n + 4095) & ~(size_t)4095;
+        while (n) {
+          ssize_t got = pread(j->fd, j->dst + off, n, (off_t)off);
+          if (got < 0 && errno == EINTR) continue;
+          if (got < 0) {
+            atomic_store(&j->failed, 1);
+            return NULL;
+          }
+          if (got == 0 || (size_t)got < n) break; /* end of file */
+          off += (size_t)got;
+          n -= (size_t)got;
         }
         break;
       case OP_PREAD:
@@ -135,6 +159,69 @@ static void run(struct job* j, unsigned threads) {
     fprintf(stderr, "ceilings: pread/pwrite failed or hit end of file\n");
     exit(1);
   }
+}
+
+/* One thread keeping `depth` O_DIRECT reads of `piece` bytes in flight on an io_uring (raw syscalls). */
+static void run_uring(struct job* j, unsigned depth) {
+  struct io_uring_params p;
+  memset(&p, 0, sizeof p);
+  int fd = (int)syscall(__NR_io_uring_setup, depth, &p);
+  if (fd < 0) die("io_uring_setup");
+  size_t sq_size = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+  size_t cq_size = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+  unsigned char* sq = mmap(NULL, sq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQ_RING);
+  unsigned char* cq = mmap(NULL, cq_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_CQ_RING);
+  struct io_uring_sqe* sqes = mmap(NULL, p.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQES);
+  if (sq == MAP_FAILED || cq == MAP_FAILED || sqes == MAP_FAILED) die("mmap io_uring");
+  _Atomic unsigned* sq_tail = (_Atomic unsigned*)(sq + p.sq_off.tail);
+  unsigned sq_mask = *(unsigned*)(sq + p.sq_off.ring_mask);
+  unsigned* sq_array = (unsigned*)(sq + p.sq_off.array);
+  _Atomic unsigned* cq_head = (_Atomic unsigned*)(cq + p.cq_off.head);
+  _Atomic unsigned* cq_tail = (_Atomic unsigned*)(cq + p.cq_off.tail);
+  unsigned cq_mask = *(unsigned*)(cq + p.cq_off.ring_mask);
+  struct io_uring_cqe* cqes = (struct io_uring_cqe*)(cq + p.cq_off.cqes);
+  size_t next = 0;
+  unsigned inflight = 0;
+  while (next < j->bytes || inflight) {
+    unsigned queued = 0;
+    unsigned tail = atomic_load_explicit(sq_tail, memory_order_relaxed);
+    while (next < j->bytes && inflight + queued < depth) {
+      size_t n = j->bytes - next < piece ? j->bytes - next : piece;
+      n = (n + 4095) & ~(size_t)4095;
+      unsigned idx = tail & sq_mask;
+      struct io_uring_sqe* e = &sqes[idx];
+      memset(e, 0, sizeof *e);
+      e->opcode = IORING_OP_READ;
+      e->fd = j->fd;
+      e->addr = (unsigned long long)(uintptr_t)(j->dst + next);
+      e->len = (unsigned)n;
+      e->off = next;
+      sq_array[idx] = idx;
+      ++tail;
+      ++queued;
+      next += piece;
+    }
+    atomic_store_explicit(sq_tail, tail, memory_order_release);
+    if (syscall(__NR_io_uring_enter, fd, queued, 1, IORING_ENTER_GETEVENTS, NULL, 0) < 0 && errno != EINTR) {
+      die("io_uring_enter");
+    }
+    inflight += queued;
+    unsigned head = atomic_load_explicit(cq_head, memory_order_relaxed);
+    while (head != atomic_load_explicit(cq_tail, memory_order_acquire)) {
+      if (cqes[head & cq_mask].res < 0) {
+        errno = -cqes[head & cq_mask].res;
+        die("io_uring read");
+      }
+      ++head;
+      --inflight;
+    }
+    atomic_store_explicit(cq_head, head, memory_order_release);
+  }
+  munmap(sq, sq_size);
+  munmap(cq, cq_size);
+  munmap(sqes, p.sq_entries * sizeof(struct io_uring_sqe));
+  close(fd);
 }
 
 static void sync_dir_of(const char* path) {
@@ -175,7 +262,8 @@ int main(int argc, char** argv) {
   if (argc < 5) {
     fprintf(stderr,
             "usage: ceilings memcpy BYTES THREADS REPS | ceilings touch BYTES THREADS REPS [HUGE [IDLE]] | "
-            "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
+            "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings direct FILE DEPTH REPS [PIECE_KIB "
+            "[URING]] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
     return 2;
   }
   const char* opname = argv[1];
@@ -221,6 +309,32 @@ int main(int argc, char** argv) {
       j.dst = fresh(j.bytes);
       memset(j.dst, 0, j.bytes);
     }
+  } else if (strcmp(opname, "direct") == 0) {
+    j.op = OP_DIRECT;
+    j.fd = open(argv[2], O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (j.fd < 0) die("open O_DIRECT");
+    struct stat st;
+    if (fstat(j.fd, &st) != 0) die("fstat");
+    j.bytes = (size_t)st.st_size;
+    if (argc > 5) piece = (size_t)strtoull(argv[5], NULL, 10) << 10;
+    if (piece == 0 || piece % 4096) piece = (size_t)8 << 20;
+    int uring = argc > 6 && atoi(argv[6]) != 0;
+    size_t room = (j.bytes + piece + 4095) & ~(size_t)4095;
+    j.dst = fresh(room);
+    memset(j.dst, 0, room);
+    printf("{\"op\": \"direct\", \"bytes\": %zu, \"threads\": %u, \"uring\": %d, \"piece\": %zu, \"seconds\": [",
+           j.bytes, threads, uring, piece);
+    for (int r = 0; r < reps; ++r) {
+      double t0 = now();
+      if (uring) {
+        run_uring(&j, threads);
+      } else {
+        run(&j, threads);
+      }
+      printf("%s%.9f", r ? ", " : "", now() - t0);
+    }
+    printf("]}\n");
+    return 0;
   } else if (strcmp(opname, "write") == 0) {
     if (argc < 7) return 2;
     j.op = OP_WRITE;

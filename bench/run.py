@@ -13,9 +13,11 @@ Cases (numbers for --cases):
   6  tensor-parallel slicing: 1/8 of the columns of every 2-D tensor
   7  get_tensor per-tensor overhead on a 20k-tensor file
   8  what a user sees: each load in a new interpreter that loads once (2 GiB and 6 GiB files and 20k small
-     tensors, warm and cold), against the peers (Run:ai model streamer; fastsafetensors without GDS, with and
-     without O_DIRECT; installed in build/bench-peers from requirements-bench.txt), the reference and torch.load
-The ceilings (memcpy, first touch, warm / fresh / cold pread) are measured for the sizes the cases use.
+     tensors, warm and cold), this package through the page cache, direct (O_DIRECT) and auto, against the
+     peers (Run:ai model streamer; fastsafetensors without GDS, with and without O_DIRECT; installed in
+     build/bench-peers from requirements-bench.txt), the reference and torch.load
+The ceilings (memcpy, first touch, warm / fresh / cold pread, cold O_DIRECT reads at several queue depths) are
+measured for the sizes the cases use.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ IMPL = {"ours": "this package", "ref": "reference 0.8.0", "torch": "torch", "num
         "runai": "Run:ai model streamer 0.17.0", "fst": "fastsafetensors 0.5.0"}
 METHOD = {
     "st_pread": 'load_file(backend="pread")',
+    "st_direct": 'load_file(backend="direct")',
+    "st_auto": 'load_file(backend="auto")',
     "st_mmap_clone": "load_file() + .clone() of every tensor",
     "st_mmap_touch": "load_file() + one read per 4 KiB page (not tensor-owned)",
     "st_mmap": "load_file() (lazy, mmap)",
@@ -76,7 +80,8 @@ METHOD = {
     "fst_odirect": "fastsafe_open(nogds=True), FASTSAFETENSORS_ODIRECT=1, get_tensor of every key",
 }
 # Case 8, in table order: (row id, implementation, server, method, lazy).
-FRESH = [("ours", "ours", "fresh_ours", "st_pread", False), ("ref", "ref", "fresh_ref", "st_mmap_clone", False),
+FRESH = [("ours", "ours", "fresh_ours", "st_pread", False), ("ours_direct", "ours", "fresh_ours", "st_direct", False),
+         ("ours_auto", "ours", "fresh_ours", "st_auto", False), ("ref", "ref", "fresh_ref", "st_mmap_clone", False),
          ("runai", "runai", "fresh_peers", "runai", False),
          ("runai_io_uring", "runai", "fresh_peers", "runai_io_uring", False),
          ("fst", "fst", "fresh_peers", "fst", False), ("fst_odirect", "fst", "fresh_peers", "fst_odirect", False),
@@ -407,6 +412,27 @@ class Ceilings:
         self.measure(f"C/pread_cold/{size}", size_name(size), "cold pread into a pre-faulted buffer",
                      [(t, lambda t=t: cold(t, 8)) for t in self.cold_threads] + [(1, lambda: cold(1, 0))])
 
+    # Reads in flight for the direct-read ceiling rows.
+    DIRECT_DEPTHS = (1, 2, 4, 8, 16)
+    URING_DEPTHS = (4, 16)
+
+    def direct(self, path: str, size: int) -> None:
+        """Cold O_DIRECT reads of the whole file into a pre-faulted aligned buffer (no page cache, no fresh
+        memory: the device's own rate), 8 MiB reads with several in flight: from as many threads, and from one
+        thread on an io_uring."""
+        def run(depth: int, uring: int) -> Dict[str, Any]:
+            r = self._run("direct", path, depth, self.reps, 8192, uring)
+            how = f"{depth} io_uring reads in flight from 1 thread" if uring else \
+                f"{depth} thread{'s' if depth > 1 else ''}, one read each"
+            return {**r, "how": how + ", 8 MiB reads"}
+
+        for depth in self.DIRECT_DEPTHS:
+            self.measure(f"C/direct/{size}/{depth}", size_name(size),
+                         "cold O_DIRECT read into a pre-faulted aligned buffer", [(depth, lambda d=depth: run(d, 0))])
+        for depth in self.URING_DEPTHS:
+            self.measure(f"C/direct_uring/{size}/{depth}", size_name(size),
+                         "cold O_DIRECT read into a pre-faulted aligned buffer", [(1, lambda d=depth: run(d, 1))])
+
     def write(self, size: int, tmp: Path) -> None:
         path = tmp / "ceiling-write.out"
         self.measure(f"C/write/{size}", size_name(size), "pwrite of a pre-faulted buffer to a new file",
@@ -503,6 +529,8 @@ class Bench:
             for field in ("rss_delta", "peak_delta", "resident_before"):
                 if field in got[0]:
                     extra[field] = max(s[field] for s in got)
+            if "minor_faults" in got[0]:
+                extra["minor_faults"] = int(statistics.median(s["minor_faults"] for s in got))
             self.res.add(key, case, group, label, [s["seconds"] for s in got], **extra)
 
     def inner(self, key: str, case: str, group: str, label: str, server: str, request: Dict[str, Any]) -> None:
@@ -655,6 +683,8 @@ class Bench:
                     self.ceil.warm_pread(st, size)
                 if self.can_evict and self.res.get(f"C/pread_cold/{size}") is None:
                     self.ceil.cold_pread(st, size)
+                if direct_ceiling(self.res, size) is None:
+                    self.ceil.direct(st, size)
             for temp in ("warm", "cold"):
                 if temp == "cold" and not self.can_evict:
                     self.res.fail(f"8/cold/{size}", "8", f"fresh, cold, {name}", "every implementation",
@@ -819,6 +849,19 @@ def targets(cfg: Dict[str, Any], res: Results) -> List[Dict[str, Any]]:
                 ratio_target(f"8/{temp}/{size}/ours", f"fresh-process load, {temp}, {s}, vs "
                              f"{ceiling['label'] if ceiling else 'the ' + temp + ' pread ceiling'}", ours, ceiling, 0.9,
                              bandwidth=True)
+                # Issue 26: the direct path cold, and the automatic choice against the better of the two paths.
+                direct, auto = res.get(f"8/{temp}/{size}/ours_direct"), res.get(f"8/{temp}/{size}/ours_auto")
+                if temp == "cold":
+                    ratio_target(f"8/{temp}/{size}/ours_direct", f"fresh-process direct load, cold, {s}, vs "
+                                 "fastsafetensors with O_DIRECT", direct, res.get(f"8/{temp}/{size}/fst_odirect"), 1.1)
+                    dc = direct_ceiling(res, size)
+                    ratio_target(f"8/{temp}/{size}/ours_direct", f"fresh-process direct load, cold, {s}, vs "
+                                 f"{dc['label'] if dc else 'the cold O_DIRECT ceiling'}", direct, dc, 0.9,
+                                 bandwidth=True)
+                paths = [r for r in (direct, ours) if r]
+                better = min(paths, key=median) if len(paths) == 2 else None
+                ratio_target(f"8/{temp}/{size}/ours_auto", f"fresh-process auto load, {temp}, {s}, vs the better of "
+                             "direct and through the cache", auto, better, 0.95)
                 ratio_target(f"8/{temp}/{size}/ours_lazy", f"fresh-process lazy mmap load, {temp}, {s}, vs the "
                              "reference", res.get(f"8/{temp}/{size}/ours_lazy"), res.get(f"8/{temp}/{size}/ref_lazy"), 1)
     for framework in ("pt", "np"):
@@ -840,6 +883,14 @@ def fastest_peer(res: "Results", temp: str, size: Any) -> Optional[Dict[str, Any
 def peer_target_above_ceiling(fastest: Dict[str, Any], ceiling: Optional[Dict[str, Any]]) -> bool:
     """Whether 1.1x the fastest peer asks for more than 90% of the ceiling, which then restates the target."""
     return ceiling is not None and 1.1 * gbps(fastest) > 0.9 * gbps(ceiling)
+
+
+def direct_ceiling(res: "Results", size: int) -> Optional[Dict[str, Any]]:
+    """The fastest of the cold O_DIRECT ceiling rows of `size` (Ceilings.direct), or None."""
+    rows = [res.get(f"C/direct/{size}/{d}") for d in Ceilings.DIRECT_DEPTHS]
+    rows += [res.get(f"C/direct_uring/{size}/{d}") for d in Ceilings.URING_DEPTHS]
+    rows = [r for r in rows if r and r.get("seconds")]
+    return min(rows, key=median) if rows else None
 
 
 def fresh_ceiling(res: "Results", temp: str, size: int) -> Optional[Dict[str, Any]]:
@@ -1065,13 +1116,20 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
     table("5", "5. Save", [("GB/s", col_gbps), ("peak above tensors, MiB", col_mib("peak_delta"))])
     table("6", "6. Tensor-parallel slicing (1/8 of the columns of every 2-D tensor)",
           [("GB/s", col_gbps), ("peak, MiB", col_mib("peak_delta"))])
+    def col_faults(r: Dict[str, Any]) -> str:
+        return f"{r['minor_faults'] / 1000:.0f}k" if r.get("minor_faults") is not None else ""
+
     table("8", "8. What a user sees: one load per new interpreter, against the peers",
-          [("GB/s", col_gbps), ("RSS after, MiB", col_mib("rss_delta")), ("cached", col_cached)],
+          [("GB/s", col_gbps), ("RSS after, MiB", col_mib("rss_delta")), ("page faults", col_faults),
+           ("cached", col_cached)],
           "Each run is a new Python interpreter (`worker.py once`) that imports everything, loads once and exits; "
           "warm: the file was read just before; cold: evicted just before. The peers run from "
           "build/bench-peers (requirements-bench.txt) with torch from .venv, on the CPU: Run:ai model streamer "
           "(its default reader and `RUNAI_STREAMER_FS_STRATEGY=io_uring_buffered`) and fastsafetensors "
-          "(`nogds=True`, buffered and O_DIRECT). 'lazy' rows are `load_file()` on mmap, not materialized.")
+          "(`nogds=True`, buffered and O_DIRECT). 'lazy' rows are `load_file()` on mmap, not materialized. This "
+          "package's loads: `backend=\"pread\"` through the page cache, `\"direct\"` past it (O_DIRECT), "
+          "`\"auto\"` choosing per file from what is cached. Page faults: minor faults of the loading process "
+          "during the load (median).")
     table("7", "7. get_tensor, per tensor", [], f"Time per `get_tensor` call over every tensor of a "
           f"{count_name(cfg['get_tensor_count'])}-tensor file "
           "inside one `safe_open` (median, min and max of the per-tensor average of each pass).")

@@ -60,7 +60,9 @@ SAFETENSORS_SAME_DTYPE_(SAFETENSORS_U64, kU64);
 static_assert(safetensors::kDtypeTable.size() == SAFETENSORS_U64 + 1, "c.h lists every dtype");
 static_assert(SAFETENSORS_BACKEND_MMAP == static_cast<int>(safetensors::Backend::kMmap) &&
                   SAFETENSORS_BACKEND_PREAD == static_cast<int>(safetensors::Backend::kPread) &&
-                  SAFETENSORS_BACKEND_MEMORY == static_cast<int>(safetensors::Backend::kMemory),
+                  SAFETENSORS_BACKEND_MEMORY == static_cast<int>(safetensors::Backend::kMemory) &&
+                  SAFETENSORS_BACKEND_DIRECT == static_cast<int>(safetensors::Backend::kDirect) &&
+                  SAFETENSORS_BACKEND_AUTO == static_cast<int>(safetensors::Backend::kAuto),
               "c.h backends are the C++ backends");
 
 struct safetensors_slice_plan_t {
@@ -157,6 +159,8 @@ Result<OpenOptions> open_options(int b, std::string_view context) {
     case SAFETENSORS_BACKEND_MMAP: return safetensors::OpenOptions{.backend = safetensors::Backend::kMmap};
     case SAFETENSORS_BACKEND_PREAD: return safetensors::OpenOptions{.backend = safetensors::Backend::kPread};
     case SAFETENSORS_BACKEND_MEMORY: return safetensors::OpenOptions{.backend = safetensors::Backend::kMemory};
+    case SAFETENSORS_BACKEND_DIRECT: return safetensors::OpenOptions{.backend = safetensors::Backend::kDirect};
+    case SAFETENSORS_BACKEND_AUTO: return safetensors::OpenOptions{.backend = safetensors::Backend::kAuto};
   }
   return Error::invalid_argument(context, "unknown backend " + std::to_string(b));
 }

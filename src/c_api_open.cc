@@ -86,4 +86,14 @@ void safetensors_file_source_stats(const safetensors_file_t* file, uint64_t* req
   if (retries != nullptr) *retries = s.retries;
 }
 
+void safetensors_file_direct_stats(const safetensors_file_t* file, uint64_t* direct_bytes, uint64_t* bounced_bytes,
+                                   uint64_t* cached_bytes, int* direct_refused, uint64_t* resident_bytes) {
+  const safetensors::SourceStats s = file->set.source()->stats();
+  if (direct_bytes != nullptr) *direct_bytes = s.direct_bytes;
+  if (bounced_bytes != nullptr) *bounced_bytes = s.bounced_bytes;
+  if (cached_bytes != nullptr) *cached_bytes = s.cached_bytes;
+  if (direct_refused != nullptr) *direct_refused = s.direct_refused ? 1 : 0;
+  if (resident_bytes != nullptr) *resident_bytes = s.resident_bytes;
+}
+
 }  // extern "C"

@@ -17,6 +17,7 @@
 #include "parallel.h"
 #include "quote.h"
 #include "read_chunks.h"
+#include "scratch.h"
 
 namespace safetensors {
 
@@ -27,7 +28,8 @@ using internal::ReadChunk;
 
 struct File::State {
   std::shared_ptr<const Source> source;
-  internal::ParsedHeader header;
+  // Shared by the Files with_backend() makes of one open: their TensorInfos are the same objects.
+  std::shared_ptr<const internal::ParsedHeader> header;
   // keys() order, computed on first use: many callers never ask, and those that do ask repeatedly.
   mutable std::once_flag sorted_once;
   mutable std::vector<std::uint32_t> sorted;  // positions in header.tensors, by name
@@ -42,7 +44,7 @@ struct File::State {
   static constexpr std::uint32_t kNoneFound = UINT32_MAX;
   mutable std::atomic<std::uint32_t> last_found{kNoneFound};
 
-  std::uint64_t data_offset() const { return 8 + header.header_length; }
+  std::uint64_t data_offset() const { return 8 + header->header_length; }
 };
 
 namespace {
@@ -77,22 +79,31 @@ Result<File> File::open(std::shared_ptr<const Source> source, const OpenOptions&
   SAFETENSORS_ASSIGN_OR_RETURN(auto parsed, internal::read_header(*source, options.max_header_bytes));
   auto state = std::make_shared<State>();
   state->source = std::move(source);
-  state->header = std::move(parsed);
+  state->header = std::make_shared<const internal::ParsedHeader>(std::move(parsed));
+  return File(std::move(state));
+}
+
+Result<File> File::with_backend(Backend backend) const {
+  SAFETENSORS_ASSIGN_OR_RETURN(std::shared_ptr<const Source> again, state_->source->reopen(backend));
+  if (again == nullptr) return *this;
+  auto state = std::make_shared<State>();
+  state->source = std::move(again);
+  state->header = state_->header;
   return File(std::move(state));
 }
 
 const std::string& File::path() const { return state_->source->name(); }
 Backend File::backend() const {
   const Source& src = *state_->source;
-  if (src.data() == nullptr) return Backend::kPread;
-  return src.data_is_memory() ? Backend::kMemory : Backend::kMmap;
+  if (src.data() != nullptr) return src.data_is_memory() ? Backend::kMemory : Backend::kMmap;
+  return src.read_hints().uncached ? Backend::kDirect : Backend::kPread;
 }
 const std::shared_ptr<const Source>& File::source() const { return state_->source; }
 std::uint64_t File::data_offset() const { return state_->data_offset(); }
-std::uint64_t File::header_length() const { return state_->header.header_length; }
+std::uint64_t File::header_length() const { return state_->header->header_length; }
 std::uint64_t File::size() const { return state_->source->size(); }
-const std::vector<TensorInfo>& File::tensors() const { return state_->header.tensors; }
-const std::optional<Metadata>& File::metadata() const { return state_->header.metadata; }
+const std::vector<TensorInfo>& File::tensors() const { return state_->header->tensors; }
+const std::optional<Metadata>& File::metadata() const { return state_->header->metadata; }
 
 std::vector<std::string_view> File::keys() const {
   const auto& all = tensors();
@@ -150,7 +161,7 @@ const TensorInfo* File::find(std::string_view name) const {
     }
   }
   if (found == all.size()) {
-    const std::int64_t i = state_->header.index.find(name, [&](std::size_t k) { return all[k].name; });
+    const std::int64_t i = state_->header->index.find(name, [&](std::size_t k) { return all[k].name; });
     if (i < 0) return nullptr;
     found = static_cast<std::size_t>(i);
   }
@@ -266,8 +277,7 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
   const std::string what = read_of(tensor.name);
   SAFETENSORS_RETURN_IF_ERROR(internal::run_parallel(pieces, threads, [&](std::size_t i) -> Status {
     std::vector<SliceRun> group;
-    std::unique_ptr<std::byte[]> scratch;
-    std::uint64_t scratch_size = 0;
+    internal::Scratch scratch;
     std::uint64_t lo = 0, hi = 0;
     Status status;
     auto flush = [&]() -> Status {
@@ -277,11 +287,8 @@ Status File::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::sp
         SAFETENSORS_RETURN_IF_ERROR(
             read_exact(src, base + r.source_offset, dst.subspan(r.dest_offset, r.length), what));
       } else {
-        if (scratch_size < hi - lo) {
-          scratch_size = hi - lo;
-          scratch = std::make_unique_for_overwrite<std::byte[]>(scratch_size);
-        }
-        SAFETENSORS_ASSIGN_OR_RETURN(auto bytes, src.read(base + lo, std::span(scratch.get(), hi - lo), what));
+        SAFETENSORS_ASSIGN_OR_RETURN(auto bytes,
+                                     src.read(base + lo, scratch.get(base + lo, hi - lo, hints.alignment), what));
         for (const SliceRun& r : group) {
           std::memcpy(dst.data() + r.dest_offset, bytes.data() + (r.source_offset - lo), r.length);
         }

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,15 @@ int open_syscall(const char* path, int flags, mode_t mode) { return ::open(path,
 int mincore_syscall(void* addr, std::size_t length, unsigned char* vec) { return ::mincore(addr, length, vec); }
 int madvise_syscall(void* addr, std::size_t length, int advice) { return ::madvise(addr, length, advice); }
 
+// cachestat(2) has the number 451 on every architecture (it came after the syscall tables were unified).
+constexpr long kCachestatNr = 451;
+int cachestat_syscall(int fd, CachestatRange* range, Cachestat* cstat, unsigned flags) {
+  return static_cast<int>(::syscall(kCachestatNr, fd, range, cstat, flags));
+}
+ssize_t preadv2_syscall(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags) {
+  return ::preadv2(fd, iov, iovcnt, offset, flags);
+}
+
 const Syscalls kReal = {
     .pread = ::pread,
     .pwrite = ::pwrite,
@@ -27,6 +38,8 @@ const Syscalls kReal = {
     .linkat = ::linkat,
     .mincore = mincore_syscall,
     .madvise = madvise_syscall,
+    .cachestat = cachestat_syscall,
+    .preadv2 = preadv2_syscall,
 };
 
 std::atomic<const Syscalls*> g_syscalls{&kReal};
@@ -84,6 +97,12 @@ void prefault_for_write(std::span<std::byte> dst) {
   (void)syscalls().madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
 }
 
+Error short_read_error(std::string_view path, std::string_view what, std::uint64_t size, std::uint64_t offset) {
+  return Error::io(path, "file is shorter than expected (it changed after it was opened): " + std::string(what) + " (" +
+                             std::to_string(size) + " bytes at offset " + std::to_string(offset) +
+                             ") reached end of file");
+}
+
 Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span<std::byte> dst,
                   std::string_view what) {
   std::size_t done = 0;
@@ -99,14 +118,37 @@ Status pread_full(int fd, std::string_view path, std::uint64_t offset, std::span
       if (errno == EINTR) continue;
       return errno_error(path, what, errno);
     }
-    if (n == 0) {
-      return Error::io(path, "file is shorter than expected (it changed after it was opened): " + std::string(what) +
-                                 " (" + std::to_string(dst.size()) + " bytes at offset " + std::to_string(offset) +
-                                 ") reached end of file");
-    }
+    if (n == 0) return short_read_error(path, what, dst.size(), offset);
     done += static_cast<std::size_t>(n);
   }
   return ok_status();
+}
+
+int reopen_descriptor(int fd, const std::string& path, int extra_flags) {
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | extra_flags;
+  int again = syscalls().open(self.c_str(), flags, 0);
+  if (again >= 0 || errno != ENOENT) return again;
+  // No /proc: the path, without blocking on whatever it may name by now, checked to be the same file.
+  again = syscalls().open(path.c_str(), flags | O_NONBLOCK, 0);
+  if (again < 0) return -1;
+  struct stat a, b;
+  int err = ESTALE;
+  if (::fstat(fd, &a) == 0 && ::fstat(again, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    const int fl = ::fcntl(again, F_GETFL);
+    if (fl >= 0 && ::fcntl(again, F_SETFL, fl & ~O_NONBLOCK) == 0) return again;
+    err = errno;
+  }
+  close_reporting(again, path);
+  errno = err;
+  return -1;
+}
+
+void close_reporting(int fd, std::string_view path) {
+  if (fd >= 0 && ::close(fd) != 0) {
+    std::fprintf(stderr, "safetensors: close(\"%.*s\") failed: %s\n", static_cast<int>(path.size()), path.data(),
+                 std::strerror(errno));
+  }
 }
 
 Status pwrite_full(int fd, std::string_view path, std::uint64_t offset, std::span<const std::byte> src) {

@@ -53,6 +53,9 @@ struct Prefetcher::Impl {
   std::vector<Segment> segments;
   SlabPool* pool = nullptr;
   std::size_t max_slabs = 1;
+  // The source's ReadHints::alignment where a slab has room for it (0: none): a staged chunk lies in its slab
+  // at an address congruent to its file offset modulo this, so a direct source reads straight into the slab.
+  std::uint64_t slab_align = 0;
 
   std::atomic<std::size_t> next_chunk{0};
   // Readers stop taking chunks: set on the first error and on cancel().
@@ -176,7 +179,9 @@ struct Prefetcher::Impl {
       if (stop.load(std::memory_order_acquire)) return false;
       ++held;
     }
-    auto lease = SlabPoolAccess::acquire(*pool, chunk.hi - chunk.lo, stop, file.path(), &slab_wait_ns);
+    // Room for the chunk wherever slab_pad puts it.
+    const std::uint64_t need = chunk.hi - chunk.lo + (slab_align == 0 ? 0 : slab_align - 1);
+    auto lease = SlabPoolAccess::acquire(*pool, need, stop, file.path(), &slab_wait_ns);
     if (!lease.ok()) {
       {
         MutexLock lock(&mu);
@@ -204,7 +209,13 @@ struct Prefetcher::Impl {
     consumer_cv.notify_all();
   }
 
-  void land_staged(const Chunk& chunk, Lease lease) EXCLUDES(mu) {
+  // Where chunk `chunk`'s bytes go in the slab starting at `slab` (see slab_align).
+  std::uint64_t slab_pad(const Chunk& chunk, const std::byte* slab) const {
+    if (slab_align == 0) return 0;
+    return (data_offset + chunk.lo - reinterpret_cast<std::uintptr_t>(slab)) & (slab_align - 1);
+  }
+
+  void land_staged(const Chunk& chunk, Lease lease, std::uint64_t pad) EXCLUDES(mu) {
     Lease doomed;
     MutexLock lock(&mu);
     if (stop.load(std::memory_order_acquire)) {
@@ -223,7 +234,8 @@ struct Prefetcher::Impl {
     }
     Slot& slot = slots[i];
     const SlabHandle handle = (static_cast<std::uint64_t>(slot.generation) << 32) | (i + 1);
-    const std::byte* base = lease.data();
+    const std::byte* start = lease.data();
+    const std::byte* base = start + pad;
     slot.lease = std::move(lease);
     slot.refs = chunk.segments;
     slot.lent = 0;
@@ -232,7 +244,7 @@ struct Prefetcher::Impl {
       const bool last = (remaining[seg.piece] -= seg.length) == 0;
       if (last) --pieces_left;
       ready.push_back({PrefetchEvent::Kind::kStaged, seg.piece, seg.piece_offset,
-                       std::span<const std::byte>(base + seg.chunk_offset, seg.length), handle, base, last});
+                       std::span<const std::byte>(base + seg.chunk_offset, seg.length), handle, start, last});
     }
     consumer_cv.notify_all();
   }
@@ -269,8 +281,9 @@ struct Prefetcher::Impl {
       } else {
         Lease lease;
         if (!take_slab(chunk, &lease)) return;
-        Status st =
-            read_exact(*source, data_offset + chunk.lo, std::span<std::byte>(lease.data(), length), what_of(chunk));
+        const std::uint64_t pad = slab_pad(chunk, lease.data());
+        std::byte* const at = lease.data() + pad;
+        Status st = read_exact(*source, data_offset + chunk.lo, std::span<std::byte>(at, length), what_of(chunk));
         if (!st.ok()) {
           {
             MutexLock lock(&mu);
@@ -280,10 +293,10 @@ struct Prefetcher::Impl {
           lease.reset();
           return fail(chunk, std::move(st).error());
         }
-        internal::swap_segments(plan, segments, chunk, lease.data());
+        internal::swap_segments(plan, segments, chunk, at);
         bytes_staged.fetch_add(length, std::memory_order_relaxed);
         count_read(length);
-        land_staged(chunk, std::move(lease));
+        land_staged(chunk, std::move(lease), pad);
       }
     }
   }
@@ -377,7 +390,10 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
   impl->plan = std::move(plan);
   const std::vector<Piece>& pieces = impl->plan;
 
-  const std::uint64_t staged_max = std::min(options.chunk_bytes, pool->slab_bytes());
+  const std::uint64_t align = impl->source->read_hints().alignment;
+  const std::uint64_t slab_bytes = pool->slab_bytes();
+  if (align > 1 && align <= slab_bytes / 2) impl->slab_align = align;
+  const std::uint64_t staged_max = std::min(options.chunk_bytes, slab_bytes - impl->slab_align);
   internal::ChunkPlan chunks =
       internal::plan_chunks(pieces, staged_max, options.chunk_bytes, options.merge_gap, impl->data_offset);
   impl->chunks = std::move(chunks.chunks);

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
 
 #include "parallel.h"
 #include "quote.h"
 #include "safetensors/dtype.h"
+#include "scratch.h"
 
 namespace safetensors::internal {
 
@@ -14,8 +14,23 @@ std::string read_of(std::string_view tensor) { return "read of tensor " + quote(
 
 void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
                 std::uint8_t swap, std::vector<ReadChunk>* chunks) {
+  // Where the source reads aligned ranges without a bounce, the first chunk is shortened so that every later
+  // chunk starts at a multiple of the alignment in the file -- as long as the cut stays a whole number of swap
+  // units into the tensor (the alignment, at most kReadChunk, is a power of two: a multiple of any unit when
+  // the tensor's offset is).
+  const std::uint64_t a = source.read_hints().alignment;
+  std::uint64_t head = 0;
+  if (a > 1 && a <= kReadChunk && (swap <= 1 || source_offset % swap == 0)) {
+    head = (kReadChunk - (source_offset & (a - 1))) % kReadChunk;
+  }
+  if (head != 0 && head < dst.size()) {
+    chunks->push_back({&source, source_offset, dst.data(), head, tensor, swap});
+    source_offset += head;
+    dst = dst.subspan(head);
+  }
+  std::byte* const base = dst.data();
   for_each_chunk(dst.size(), kReadChunk, [&](std::uint64_t off, std::uint64_t len) {
-    chunks->push_back({&source, source_offset + off, dst.data() + off, len, tensor, swap});
+    chunks->push_back({&source, source_offset + off, base + off, len, tensor, swap});
   });
 }
 
@@ -27,8 +42,8 @@ Status read_merged(std::span<const ReadChunk> group) {
   const ReadChunk& first = group.front();
   const std::uint64_t lo = first.source_offset;
   const std::uint64_t hi = group.back().source_offset + group.back().length;
-  auto scratch = std::make_unique_for_overwrite<std::byte[]>(hi - lo);
-  const std::span<std::byte> all(scratch.get(), hi - lo);
+  Scratch scratch;
+  const std::span<std::byte> all = scratch.get(lo, hi - lo, first.source->read_hints().alignment);
   const std::string what =
       first.tensor.empty()
           ? std::string("read of the data buffer")

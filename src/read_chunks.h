@@ -27,8 +27,8 @@ struct ReadChunk {
   std::uint64_t length;
   std::string_view tensor;
   // host_swap_bytes() of the tensor's dtype (0: a data range, or no swap on this host): the chunk is swapped
-  // to native values once it landed. Chunks start at multiples of kReadChunk into their tensor or run, so
-  // they hold whole units.
+  // to native values once it landed. Chunks start at multiples of kReadChunk into their tensor or run, or at
+  // aligned file offsets a whole number of units into it (split_read), so they hold whole units.
   std::uint8_t swap = 0;
 };
 static_assert(kReadChunk % 8 == 0, "read chunks must hold whole swap units");
@@ -37,7 +37,8 @@ static_assert(kReadChunk % 8 == 0, "read chunks must hold whole swap units");
 std::string read_of(std::string_view tensor);
 
 // Appends [source_offset, source_offset + dst.size()) of `source` as chunks of at most kReadChunk bytes, each
-// swapped with width `swap` once read (see ReadChunk::swap).
+// swapped with width `swap` once read (see ReadChunk::swap). Where the source has a ReadHints::alignment, the
+// chunks after the first start at multiples of it in the file.
 void split_read(const Source& source, std::uint64_t source_offset, std::span<std::byte> dst, std::string_view tensor,
                 std::uint8_t swap, std::vector<ReadChunk>* chunks);
 

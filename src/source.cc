@@ -15,6 +15,8 @@
 #include <utility>
 
 #include "checked.h"
+#include "direct_source.h"
+#include "file_source.h"
 #include "posix.h"
 
 namespace safetensors {
@@ -33,12 +35,7 @@ Status check_range(const Source& s, std::uint64_t offset, std::uint64_t n) {
   return ok_status();
 }
 
-// Closes `fd`, reporting (never throwing) a failure: used from destructors.
-void close_reporting(int fd, const std::string& path) {
-  if (fd >= 0 && ::close(fd) != 0) {
-    std::fprintf(stderr, "safetensors: close(\"%s\") failed: %s\n", path.c_str(), std::strerror(errno));
-  }
-}
+using internal::close_reporting;
 
 class MemorySource final : public Source {
  public:
@@ -84,6 +81,9 @@ class MmapSource final : public Source {
   std::string_view kind() const override { return "mmap"; }
   const std::byte* data() const override { return static_cast<const std::byte*>(base_); }
   bool writable() const override { return writable_; }
+  Result<std::shared_ptr<const Source>> reopen(Backend backend) const override {
+    return internal::reopen_file_source(fd_, path_, size_, backend);
+  }
   void prefetch(std::uint64_t offset, std::uint64_t length) const override {
     // madvise needs a page-aligned start.
     const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -118,6 +118,9 @@ class PreadSource final : public Source {
   std::string_view kind() const override { return "pread"; }
   void prefetch(std::uint64_t offset, std::uint64_t length) const override {
     (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
+  }
+  Result<std::shared_ptr<const Source>> reopen(Backend backend) const override {
+    return internal::reopen_file_source(fd_, path_, size_, backend);
   }
 
  private:
@@ -201,28 +204,65 @@ Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byt
   return ok_status();
 }
 
+Result<std::shared_ptr<const Source>> Source::reopen(Backend /*backend*/) const {
+  return std::shared_ptr<const Source>();
+}
+
+namespace internal {
+
+Result<std::shared_ptr<const Source>> file_source_for(std::string path, int fd, std::uint64_t size, Backend backend) {
+  switch (backend) {
+    case Backend::kMemory:
+      close_reporting(fd, path);
+      return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
+    case Backend::kDirect:
+    case Backend::kAuto: {
+      // mincore tells page-cache residency only to an owner or writer of the file (residency.h); root may write.
+      struct stat st;
+      const bool may_mincore = ::geteuid() == 0 || (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid()) ||
+                               ::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) == 0;
+      return open_direct_source(std::move(path), fd, size, backend, may_mincore);
+    }
+    case Backend::kMmap:
+      // Empty files, and any mapping failure, take pread.
+      if (size > 0 && !g_force_pread.load(std::memory_order_relaxed) && size <= SIZE_MAX) {
+        bool writable = true;
+        void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+        if (base == MAP_FAILED) {
+          // Without overcommit a writable private mapping may be refused; a read-only one may not be.
+          writable = false;
+          base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        }
+        if (base != MAP_FAILED) {
+          // The descriptor stays open (every read() is a positional read); the mapping holds its own reference.
+          return std::shared_ptr<const Source>(std::make_shared<MmapSource>(std::move(path), fd, base, size, writable));
+        }
+      }
+      break;
+    case Backend::kPread: break;
+  }
+  return std::shared_ptr<const Source>(std::make_shared<PreadSource>(std::move(path), fd, size));
+}
+
+Result<std::shared_ptr<const Source>> reopen_file_source(int fd, const std::string& path, std::uint64_t size,
+                                                         Backend backend) {
+  if (backend == Backend::kMemory) {
+    return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
+  }
+  const int again = reopen_descriptor(fd, path, 0);
+  if (again < 0) return errno_error(path, "open", errno);
+  return file_source_for(path, again, size, backend);
+}
+
+}  // namespace internal
+
 Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, Backend backend) {
   if (backend == Backend::kMemory) {
     return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
   }
   struct stat st;
   SAFETENSORS_ASSIGN_OR_RETURN(const int fd, open_regular_file(path, &st));
-  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
-  // Empty files, and any mapping failure, take pread.
-  if (backend == Backend::kMmap && size > 0 && !g_force_pread.load(std::memory_order_relaxed) && size <= SIZE_MAX) {
-    bool writable = true;
-    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (base == MAP_FAILED) {
-      // Without overcommit a writable private mapping may be refused; a read-only one may not be.
-      writable = false;
-      base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    }
-    if (base != MAP_FAILED) {
-      // The descriptor stays open (every read() is a positional read); the mapping holds its own reference.
-      return std::shared_ptr<const Source>(std::make_shared<MmapSource>(path, fd, base, size, writable));
-    }
-  }
-  return std::shared_ptr<const Source>(std::make_shared<PreadSource>(path, fd, size));
+  return internal::file_source_for(path, fd, static_cast<std::uint64_t>(st.st_size), backend);
 }
 
 std::shared_ptr<const Source> memory_source(std::span<const std::byte> bytes, std::shared_ptr<const void> owner,
@@ -243,6 +283,10 @@ bool FaultySource::writable() const { return hide_mapping.load() ? false : base_
 bool FaultySource::data_is_memory() const { return hide_mapping.load() ? false : base_->data_is_memory(); }
 ReadHints FaultySource::read_hints() const { return base_->read_hints(); }
 SourceStats FaultySource::stats() const { return base_->stats(); }
+// The faults are this object's: a source read another way would escape them.
+Result<std::shared_ptr<const Source>> FaultySource::reopen(Backend /*backend*/) const {
+  return std::shared_ptr<const Source>();
+}
 void FaultySource::prefetch(std::uint64_t offset, std::uint64_t length) const {
   bytes_prefetched.fetch_add(length, std::memory_order_relaxed);
   base_->prefetch(offset, length);

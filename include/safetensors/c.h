@@ -168,12 +168,19 @@ typedef enum safetensors_backend_t {
   /* Positional reads; no views. */
   SAFETENSORS_BACKEND_PREAD = 1,
   /* A caller's buffer (safetensors_open_memory). */
-  SAFETENSORS_BACKEND_MEMORY = 2
+  SAFETENSORS_BACKEND_MEMORY = 2,
+  /* Positional reads with O_DIRECT, past the page cache; through the cache where the filesystem refuses
+     O_DIRECT (safetensors_file_direct_stats says so). */
+  SAFETENSORS_BACKEND_DIRECT = 3,
+  /* DIRECT or PREAD, chosen per file when it is opened from how much of it the page cache holds (a file of at
+     least 64 MiB with less than a third of it cached is read directly). safetensors_file_backend reports the
+     choice, never AUTO. */
+  SAFETENSORS_BACKEND_AUTO = 4
 } safetensors_backend_t;
 
 typedef struct safetensors_file_t safetensors_file_t;
 
-/* Opens and fully validates the file at `path` (backend MMAP or PREAD). On success *file is a new handle.
+/* Opens and fully validates the file at `path` (backend MMAP, PREAD, DIRECT or AUTO). On success *file is a new handle.
    Errors: SAFETENSORS_NOT_FOUND, SAFETENSORS_IO, every header code (HEADER_TOO_SMALL ..
    METADATA_INCOMPLETE_BUFFER), SAFETENSORS_INVALID_ARGUMENT (backend MEMORY or out of range). */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_open(const char* path, int backend, safetensors_file_t** file,
@@ -202,12 +209,19 @@ SAFETENSORS_EXPORT safetensors_code_t safetensors_open_options_set_remote(safete
 SAFETENSORS_EXPORT safetensors_code_t safetensors_open_with(const char* location,
                                                             const safetensors_open_options_t* options,
                                                             safetensors_file_t** file, safetensors_error_t** error);
-/* What the file's bytes come from: "mmap", "pread", "memory", "http" or "s3". */
+/* What the file's bytes come from: "mmap", "pread", "direct", "memory", "http" or "s3". */
 SAFETENSORS_EXPORT const char* safetensors_file_source_kind(const safetensors_file_t* file);
 /* What a remote source did so far: requests sent (retries included), body bytes received, retries. Zeros for
    a local file. Any pointer may be NULL. */
 SAFETENSORS_EXPORT void safetensors_file_source_stats(const safetensors_file_t* file, uint64_t* requests,
                                                       uint64_t* bytes_fetched, uint64_t* retries);
+/* What a file opened with backend DIRECT or AUTO did so far: bytes transferred with O_DIRECT, bytes copied out of
+   bounce memory (destinations or edges that were not aligned), bytes read through the page cache, whether the
+   filesystem refused O_DIRECT (1) and, for AUTO, the bytes the page cache held when the choice was made. Zeros
+   for other files. Any pointer may be NULL. */
+SAFETENSORS_EXPORT void safetensors_file_direct_stats(const safetensors_file_t* file, uint64_t* direct_bytes,
+                                                      uint64_t* bounced_bytes, uint64_t* cached_bytes,
+                                                      int* direct_refused, uint64_t* resident_bytes);
 /* Opens the bytes [data, data + size) as a file, without copying them. REQUIRES: the bytes stay alive and
    unchanged until the handle and every view made from it are freed. Errors: the header codes. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_open_memory(const void* data, size_t size, safetensors_file_t** file,
@@ -216,7 +230,8 @@ SAFETENSORS_EXPORT void safetensors_file_free(safetensors_file_t* file);
 
 /* The path ("<memory>" for safetensors_open_memory). */
 SAFETENSORS_EXPORT const char* safetensors_file_path(const safetensors_file_t* file);
-/* The backend in use (MMAP may have fallen back to PREAD). */
+/* The backend in use (MMAP may have fallen back to PREAD, DIRECT to PREAD where the filesystem refused
+   O_DIRECT; AUTO is reported as what it chose). */
 SAFETENSORS_EXPORT safetensors_backend_t safetensors_file_backend(const safetensors_file_t* file);
 /* 8 + the header length: where the data buffer begins. */
 SAFETENSORS_EXPORT uint64_t safetensors_file_data_offset(const safetensors_file_t* file);

@@ -21,8 +21,10 @@
 //     with release() once nothing reads it any more. A slab is never reused before its release.
 // Pieces are read in chunks: staged pieces that are adjacent in the file (or closer than merge_gap) share one
 // read and one slab; a long range is split at page-aligned file offsets into reads of at most chunk_bytes
-// (staged: at most the pool's slab size). Reads are positional (Source::pread_into) on either backend, so a
-// file that shrank gives kIo, never SIGBUS.
+// (staged: at most the pool's slab size). Reads are positional (Source::pread_into) on every backend, so a
+// file that shrank gives kIo, never SIGBUS. Where the source reads directly (ReadHints::alignment), a staged
+// chunk lies in its slab at an address congruent to its file offset modulo that alignment (the slab keeps room
+// for the shift), so the reads land in the slab without a bounce.
 //
 // A consumer whose copies out of a slab complete later than they are issued (non-blocking device copies) feeds
 // each copy's completion to a CopyQueue, which releases the slab once that copy completed: the one

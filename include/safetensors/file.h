@@ -11,7 +11,7 @@
 // fits in 64 bits. Nothing proportional to a size declared in the file is allocated before that size has been
 // checked against the file's real size. After open() succeeds, reads fail only on I/O errors, including a
 // file that shrank after it was opened: every read (read_into, read_many, read_range, read_slice) is a
-// positional read on both backends, so these come back as kIo naming the file and the tensor, never as
+// positional read on every backend, so these come back as kIo naming the file and the tensor, never as
 // SIGBUS. Only the bytes of a zero-copy view() are unprotected (see view()).
 //
 // Destination memory: reads fill a destination 512 KiB at a time, and where a step's pages are not there yet
@@ -108,11 +108,20 @@ class SAFETENSORS_EXPORT File {
   // Validates the bytes of `source` (options.backend is ignored; the source decides). Same errors as above.
   static Result<File> open(std::shared_ptr<const Source> source, const OpenOptions& options = {});
 
+  // This file read through another backend, for a load that reads differently from this handle (a device
+  // load or a prefetch from a handle that maps the file): a File over Source::reopen(backend) -- the same open
+  // file, not the path again, which may name another file by now -- that shares this File's header, so its
+  // TensorInfos are this File's. Where the source has no other way to be read (memory, remote), this File.
+  // Errors: those of Source::reopen() (kIo).
+  Result<File> with_backend(Backend backend) const;
+
   // The path, "<memory>", or the URL without its query string.
   const std::string& path() const;
   // How tensors are delivered, from what the source can do: kMmap when it gives zero-copy views of a
-  // mapping, kMemory for a caller's buffer, kPread for positional reads (a file not mapped -- kMmap may
-  // have fallen back -- or a remote object).
+  // mapping, kMemory for a caller's buffer, kDirect for positional reads past the page cache (ReadHints::uncached:
+  // kDirect, or kAuto where it chose that, until a filesystem refuses it),
+  // kPread for other positional reads (a file not mapped -- kMmap may have fallen back -- or a remote object).
+  // Never kAuto.
   Backend backend() const;
   const std::shared_ptr<const Source>& source() const;
 

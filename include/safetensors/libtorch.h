@@ -453,11 +453,13 @@ inline Result<TensorMap> load(const File& file, const torch::Device& device = to
   }
 }
 
-// Opens `path` with `backend` and loads every tensor onto `device`. Errors: those of File::open() and
-// load_tensor().
+// Opens `path` with `backend` and loads every tensor onto `device`. Without a backend: kMmap for the CPU (zero-copy
+// views) and meta, kAuto for every other device (direct reads of a file the page cache does not hold, source.h).
+// Errors: those of File::open() and load_tensor().
 inline Result<TensorMap> load(const std::string& path, const torch::Device& device = torch::kCPU,
-                              Backend backend = Backend::kMmap, const LoadOptions& options = {}) {
-  SAFETENSORS_ASSIGN_OR_RETURN(File file, File::open(path, {.backend = backend}));
+                              std::optional<Backend> backend = std::nullopt, const LoadOptions& options = {}) {
+  const Backend chosen = backend ? *backend : device.is_cpu() || device.is_meta() ? Backend::kMmap : Backend::kAuto;
+  SAFETENSORS_ASSIGN_OR_RETURN(File file, File::open(path, {.backend = chosen}));
   return load(file, device, options);
 }
 

@@ -10,14 +10,20 @@
 //             an error, so every read the library makes for a caller is a positional read. The Source
 //             keeps the descriptor open for that as long as it (and so any view of it) lives.
 //   - pread:  positional reads with pread(2) into the caller's buffer; no mapping, no shared file position.
+//   - direct: positional reads with O_DIRECT, past the page cache, at the file's direct-I/O alignment
+//             (statx STATX_DIOALIGN, else 4096): straight into the caller's buffer where the buffer's address
+//             is congruent to the file offset modulo that alignment (read_hints().alignment), through
+//             aligned bounce memory otherwise (the unaligned head and tail of a range always). A
+//             filesystem that refuses O_DIRECT makes it read through the page cache instead, never fail
+//             (stats().direct_refused; kind() then says "pread").
 //   - memory: a caller's buffer, kept alive by an owner the caller supplies. read() returns views into it.
 //   - remote: an object behind an http(s):// or s3:// URL, read with HTTP range requests (remote.h).
-// open_file_source() opens regular files only, and picks mmap or pread; if mapping fails (address-space
-// limits, empty files) it falls back to pread. open_source() (file.h) picks a file or a remote source from a
-// location.
+// open_file_source() opens regular files only, and picks mmap, pread or direct (kAuto: direct or pread from
+// how much of the file is in the page cache); if mapping fails (address-space limits, empty files) it falls
+// back to pread. open_source() (file.h) picks a file or a remote source from a location.
 //
-// Thread safety: a Source is immutable after construction; all methods are const and safe for concurrent use
-// by multiple threads.
+// Thread safety: a Source is immutable after construction (but for its statistics and a direct source's
+// one-way switch to the page cache); all methods are const and safe for concurrent use by multiple threads.
 //
 // Lifetime: Sources are held by std::shared_ptr. A view into a mapping stays valid while any shared_ptr to
 // its Source is alive; File::view() hands out aliasing shared_ptrs so views outlive the File that made them.
@@ -28,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,15 +45,28 @@
 namespace safetensors {
 
 // How a local file is opened (OpenOptions::backend), and how an open File reports its delivery
-// (File::backend()). A remote or memory source ignores the request: what it can do decides.
+// (File::backend()). A remote or memory source ignores the request: what it can do decides. New values are
+// appended (the C API's numbers are these).
 enum class Backend {
   // Map the file (private, copy-on-write). Views are zero-copy.
   kMmap,
-  // Read with pread(2). Tensors are always copied into caller memory.
+  // Read with pread(2), through the page cache. Tensors are always copied into caller memory.
   kPread,
   // A caller-supplied buffer (memory_source()).
   kMemory,
+  // Read with O_DIRECT, past the page cache (see "direct" above); the page cache where the filesystem
+  // refuses it. Tensors are always copied into caller memory.
+  kDirect,
+  // kDirect or kPread, chosen when the file is opened from how much of it the page cache holds (cachestat(2),
+  // else mincore(2) or preadv2(RWF_NOWAIT) probes): a file of at least kAutoDirectMinBytes of which less than
+  // a third is cached is read directly, any other through the cache. A request only: File::backend() reports
+  // the choice.
+  kAuto,
 };
+
+// kAuto reads smaller files through the page cache whatever is cached: for them the cache costs little, and
+// the next process finds them there.
+inline constexpr std::uint64_t kAutoDirectMinBytes = std::uint64_t{64} << 20;
 
 // How a Source likes to be read, for the layers that cut reads up (File::read_many, read_slice, the engine).
 struct ReadHints {
@@ -55,14 +75,36 @@ struct ReadHints {
   // Separate reads closer than this many bytes are worth merging into one (reading the gap costs less than
   // a second request); 0: only the library's default for slices.
   std::uint64_t merge_gap = 0;
+  // Reads into memory whose address is congruent to the file offset modulo this many bytes (a power of two)
+  // cost no copy, and reads cut at multiples of it in the file need no bounce for their edges (a direct
+  // source); 0: every address is as good.
+  std::uint64_t alignment = 0;
+  // Reads bypass the page cache: what they read is not cached for the next reader (a direct source).
+  bool uncached = false;
 };
 
-// What a Source has done so far, for sources that count (remote ones); all zero elsewhere.
+// What a Source has done so far, for sources that count (remote and direct ones); all zero elsewhere.
 struct SourceStats {
-  // Requests sent (each retry counts), bytes received in their bodies, and retries among them.
+  // Remote: requests sent (each retry counts), bytes received in their bodies, and retries among them.
   std::uint64_t requests = 0;
   std::uint64_t bytes_fetched = 0;
   std::uint64_t retries = 0;
+  // Direct (a local file opened with kDirect or kAuto): bytes transferred with O_DIRECT (whole aligned
+  // blocks, so a little more than was asked for), and of the bytes asked for, those copied out of bounce
+  // memory (their destination was not aligned, or they were a range's unaligned edge).
+  std::uint64_t direct_bytes = 0;
+  std::uint64_t bounced_bytes = 0;
+  // Bytes read through the page cache by such a source: all of them where kAuto chose the cache or the
+  // filesystem refused O_DIRECT.
+  std::uint64_t cached_bytes = 0;
+  // The filesystem refused O_DIRECT (at open, or on the first read): this source reads through the page
+  // cache instead (tmpfs before Linux 6.6, some FUSE filesystems).
+  bool direct_refused = false;
+  // kAuto: the file's bytes the page cache held when the choice was made, and how that was measured:
+  // "cachestat", "mincore" or "nowait" (sampled with preadv2(RWF_NOWAIT)); "" where nothing could tell
+  // (then the cache is used) or the file was too small to ask (size < kAutoDirectMinBytes).
+  std::uint64_t resident_bytes = 0;
+  std::string_view residency_probe = {};
 };
 
 class SAFETENSORS_EXPORT Source {
@@ -77,8 +119,8 @@ class SAFETENSORS_EXPORT Source {
   virtual const std::string& name() const = 0;
   // Size in bytes, fixed when the Source was created.
   virtual std::uint64_t size() const = 0;
-  // A label: "mmap", "pread", "memory", "http", "s3" (a NUL-terminated literal: static storage). For people
-  // and statistics only.
+  // A label: "mmap", "pread", "direct", "memory", "http", "s3" (a NUL-terminated literal: static storage). For
+  // people and statistics only. A direct source says "pread" while it reads through the page cache.
   virtual std::string_view kind() const = 0;
 
   // Reads exactly dst.size() bytes starting at `offset`. On success the returned span holds them: either a
@@ -106,6 +148,11 @@ class SAFETENSORS_EXPORT Source {
   virtual void prefetch(std::uint64_t /*offset*/, std::uint64_t /*length*/) const {}
   virtual ReadHints read_hints() const { return {}; }
   virtual SourceStats stats() const { return {}; }
+  // This source's bytes read through `backend` instead: a new Source over the same open file (not its path
+  // again, which may name another file by now), of the same size(); nullptr where this source has no other way
+  // to be read (memory, remote: what they can do decides). Errors: kIo (the file could not be opened again),
+  // kInvalidArgument for kMemory.
+  virtual Result<std::shared_ptr<const Source>> reopen(Backend backend) const;
 
  private:
   // read() after its range check: [offset, offset + dst.size()) lies inside [0, size()).
@@ -118,9 +165,11 @@ class SAFETENSORS_EXPORT Source {
 SAFETENSORS_EXPORT Status read_exact(const Source& source, std::uint64_t offset, std::span<std::byte> dst,
                                      std::string_view what = "read");
 
-// Opens `path` with the requested backend (kMmap or kPread). kMmap falls back to kPread when the file cannot
-// be mapped. Only regular files are opened: the file is opened without blocking (a FIFO with no writer does
-// not hang) and a FIFO, socket, device or directory is refused with kIo, "not a regular file (a FIFO)".
+// Opens `path` with the requested backend (kMmap, kPread, kDirect or kAuto). kMmap falls back to kPread when the
+// file cannot be mapped; kDirect to reads through the page cache where the filesystem refuses O_DIRECT (see
+// SourceStats::direct_refused); kAuto resolves as its comment says. Only regular files are opened: the file is
+// opened without blocking (a FIFO with no writer does not hang) and a FIFO, socket, device or directory is
+// refused with kIo, "not a regular file (a FIFO)".
 // Errors: kNotFound (ENOENT), kIo (anything else, e.g. EACCES), kInvalidArgument for kMemory.
 SAFETENSORS_EXPORT Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, Backend backend);
 
@@ -166,6 +215,7 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
   void prefetch(std::uint64_t offset, std::uint64_t length) const override;
   ReadHints read_hints() const override;
   SourceStats stats() const override;
+  Result<std::shared_ptr<const Source>> reopen(Backend backend) const override;
 
  private:
   Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
@@ -173,6 +223,11 @@ class SAFETENSORS_EXPORT FaultySource final : public Source {
 
   std::shared_ptr<const Source> base_;
 };
+
+// Direct sources opened from now on read everything through bounce memory (true), straight into aligned
+// destinations where they can (false), or as the device under the file suggests (nullopt, the default; see
+// SourceStats and README). Process-wide; for tests only.
+SAFETENSORS_EXPORT void set_direct_bounce(std::optional<bool> always);
 
 // While set, open_file_source(path, kMmap) behaves as if mapping failed and returns a pread Source
 // (LevelDB's EnvPosixTestHelper::SetReadOnlyMMapLimit(0)). Process-wide; for tests only.

@@ -139,7 +139,7 @@ class PrefetchLoader:
                 self._land([name], [empty(code, shape, device)])
             return
         # Every destination is allocated now (only the planned bytes); the engine fills them in the background.
-        tensors = [empty(code, shape, device) for _, (code, shape, _, _) in pieces]
+        tensors = [_destination(piece, device, file) for _, piece in pieces]
         if device.type == "cpu":
             from ._engine import DirectLoad
 
@@ -315,3 +315,16 @@ class TensorStream:
             raise StopIteration
         return item
 
+
+def _destination(piece: Piece, device: Any, file: Any) -> Any:
+    """A new tensor for ``piece`` on ``device``; on the CPU from a file read with O_DIRECT, placed where the file's
+    direct reads land in it without a bounce (File.destination)."""
+    from ._torch_types import empty, torch_dtype, torch_shape
+
+    code, shape, begin, end = piece
+    if device.type == "cpu" and file.backend == "direct" and end > begin:
+        import torch
+
+        raw = torch.from_dlpack(file.destination(begin, end - begin))
+        return raw.view(torch_dtype(code)).reshape(torch_shape(code, shape))
+    return empty(code, shape, device)

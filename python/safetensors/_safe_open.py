@@ -8,6 +8,7 @@ use, so opening a numpy file never imports torch; each framework module supplies
 from __future__ import annotations
 
 import importlib
+import logging
 import operator
 from typing import Any, Callable, Dict, List, Optional
 
@@ -44,6 +45,33 @@ def framework_adapter(framework: str) -> Any:
     return importlib.import_module(f"safetensors.{module}").FRAMEWORK
 
 
+_log = logging.getLogger("safetensors")
+
+
+def reading_backend(backend: Any, reads: bool) -> Any:
+    """The backend a load opens its file with: ``backend``, except that ``"mmap"`` (the default, whose point is
+    zero-copy CPU views) becomes ``"auto"`` where the load ``reads`` (a device load)."""
+    return "auto" if reads and backend == "mmap" else backend
+
+
+def log_source(file: "_cpp.File", backend: Any) -> None:
+    """Says at debug level on the ``safetensors`` logger how a file opened with ``"direct"`` or ``"auto"`` is
+    read: directly or through the page cache, what ``auto`` found cached, and a filesystem's refusal of
+    O_DIRECT (which the source survives by reading through the cache)."""
+    if backend not in ("direct", "auto") or not _log.isEnabledFor(logging.DEBUG):
+        return
+    stats = file.source_stats()
+    how = "directly (O_DIRECT)" if file.backend == "direct" else "through the page cache"
+    why = ""
+    if stats["direct_refused"]:
+        why = ": the filesystem refused O_DIRECT"
+    elif backend == "auto" and stats["residency_probe"]:
+        why = f": {stats['resident_bytes']} of {file.size} bytes cached ({stats['residency_probe']})"
+    elif backend == "auto":
+        why = ": too small to read directly, or its residency is unknown"
+    _log.debug("safetensors: %s (backend %s) is read %s%s", file.path, backend, how, why)
+
+
 class safe_open(_cpp.SafeOpenBase):
     """Opens a safetensors file lazily and returns tensors as asked.
 
@@ -56,8 +84,12 @@ class safe_open(_cpp.SafeOpenBase):
             ``mlx`` or ``paddle``.
         device: where tensors are delivered (``"cpu"``, ``"cuda:0"``, ``"npu:1"``, an int, a ``torch.device``,
             ``"meta"``...). Non-CPU devices need ``pt`` (or ``paddle``).
-        backend: ``"mmap"`` (CPU tensors are zero-copy, copy-on-write views of the file) or ``"pread"``
-            (tensors own their memory, read with positional reads). A remote file is always read.
+        backend: ``"mmap"`` (CPU tensors are zero-copy, copy-on-write views of the file; loads onto another
+            device, which cannot be views, read as ``"auto"``), ``"pread"`` (tensors own their memory, read
+            with positional reads through the page cache), ``"direct"`` (read with O_DIRECT, past the page
+            cache; through it where the filesystem refuses) or ``"auto"`` (per file: ``"direct"`` for a file of
+            64 MiB or more that the page cache holds less than a third of, else ``"pread"``). A remote file is
+            always read.
         storage_options: for an ``s3://``, ``https://`` or ``http://`` ``filename``: credentials, endpoint,
             headers and transfer settings (README, "Remote checkpoints"); the AWS environment variables and
             files apply without them.
@@ -76,11 +108,13 @@ class safe_open(_cpp.SafeOpenBase):
     ) -> None:
         adapter = framework_adapter(framework)
         resolved = adapter.resolve_device(device)
-        # The native open also refuses a backend that is not mmap or pread, and a bad storage option.
-        file = _cpp.File(fspath(filename), backend, remote=remote_pairs(storage_options))
+        opened = reading_backend(backend, not adapter.is_cpu(resolved) and not adapter.is_meta(resolved))
+        # The native open also refuses a backend it does not know, and a bad storage option.
+        file = _cpp.File(fspath(filename), opened, remote=remote_pairs(storage_options))
+        log_source(file, opened)
         # What get_slice serves and _open() returns until __exit__: SafeOpenBase (in C) keeps the one record
         # of whether this handle is open, and the one "File is closed" error.
-        self._attach(file, Reader(file, adapter, resolved, backend))
+        self._attach(file, Reader(file, adapter, resolved, opened, backend))
 
     def __enter__(self) -> "safe_open":
         return self
@@ -142,8 +176,13 @@ class safe_open(_cpp.SafeOpenBase):
         if reader.adapter.name != "pytorch":
             raise SafetensorError('prefetch is only compatible with framework="pt"')
         target = reader.device if device is None else reader.adapter.resolve_device(device)
-        return PrefetchLoader(reader.file, plan_pieces(reader.file, plan), target,
-                              min(threads, _cpp.PREFETCH_MAX_THREADS))
+        pieces = plan_pieces(reader.file, plan)
+        # A prefetch reads, never views: from a handle that maps the file it reads the same open file as "auto".
+        file = reader.file
+        if file.backend == "mmap":
+            file = file.with_backend("auto")
+            log_source(file, "auto")
+        return PrefetchLoader(file, pieces, target, min(threads, _cpp.PREFETCH_MAX_THREADS))
 
 
 # A tensor not read yet: get_shape(), get_dtype(), len() and [index] (numpy semantics); native, see

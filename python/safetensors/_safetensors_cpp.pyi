@@ -101,11 +101,18 @@ class File:
 
     @property
     def source_kind(self) -> str:
-        """What the bytes come from: "mmap", "pread", "memory", "http" or "s3"."""
-
-    def source_stats(self) -> dict[str, int]:
         """
-        Requests, body bytes fetched and retries so far (a remote source; zeros elsewhere).
+        What the bytes come from: "mmap", "pread", "direct", "memory", "http" or "s3".
+        """
+
+    def source_stats(self) -> dict[str, int | str]:
+        """
+        What the source did so far (source.h, SourceStats): a remote source's requests, body bytes fetched and retries; a direct source's bytes read with O_DIRECT, bounced, read through the cache, whether O_DIRECT was refused (1), and for backend auto the bytes cached when it chose and the probe that told (residency_probe). Zeros elsewhere.
+        """
+
+    def with_backend(self, backend: str) -> File:
+        """
+        This file read through another backend: the same open file (not the path again), the same header. The file itself where its source has no other way (memory, remote).
         """
 
     @property
@@ -156,7 +163,12 @@ class File:
 
     def read(self, name: str, dlpack: bool = True) -> object:
         """
-        A tensor read into new memory of its own, a bytearray (GIL released): exported as a DLPack capsule (typed as in view), or with dlpack=False the bytearray itself.
+        A tensor read into new memory of its own (GIL released): a bytearray, or where the source reads directly memory placed congruent with the file; exported as a DLPack capsule (typed as in view), or with dlpack=False as a buffer (the bytearray itself, else a memoryview).
+        """
+
+    def destination(self, begin: int, nbytes: int) -> object:
+        """
+        New memory for the data-buffer bytes [begin, begin + nbytes) to be read into (a DLPack capsule of uint8): where the source reads directly, placed so that its reads land in it without a bounce.
         """
 
     def read_all(self, names: list[str] | None = None, threads: int = 0, dlpack: bool = True) -> list[tuple[str, object]]:
@@ -226,6 +238,11 @@ def byteswap(data: Any, width: int) -> None:
 
 def live_mappings() -> int:
     """Number of file mappings alive in this process (for tests)."""
+
+def set_direct_bounce(always: bool | None) -> None:
+    """
+    For tests: direct sources opened from now on read everything through bounce memory (True), straight into aligned destinations where they can (False), or as the device under the file suggests (None).
+    """
 
 DEFAULT_MAX_HEADER_BYTES: int = 100000000
 

@@ -61,7 +61,7 @@ def choose(adapter: Any, file: "_cpp.File", device: Any, backend: Optional[str])
         return META
     if adapter.stages(device):
         return STAGED
-    if backend == "mmap" and adapter.is_cpu(device) and file.backend != "pread":
+    if backend == "mmap" and adapter.is_cpu(device) and file.backend == "mmap":
         return VIEW
     return OWNED
 
@@ -69,12 +69,16 @@ def choose(adapter: Any, file: "_cpp.File", device: Any, backend: Optional[str])
 class _Reader:
     """What tensors and slice objects need from an open file: it outlives the safe_open that made it."""
 
-    __slots__ = ("file", "adapter", "device", "strategy", "one", "all", "deliver", "retype", "mv", "_keys")
+    __slots__ = ("file", "adapter", "device", "asked", "strategy", "one", "all", "deliver", "retype", "mv", "_keys")
 
-    def __init__(self, file: "_cpp.File", adapter: Any, device: Any, backend: Optional[str]) -> None:
+    def __init__(self, file: "_cpp.File", adapter: Any, device: Any, backend: Optional[str],
+                 asked: Optional[str] = None) -> None:
         self.file = file
         self.adapter = adapter
         self.device = device
+        # The backend the caller named (``backend`` is what the file was opened with: a device load opens
+        # "mmap", the default, as "auto"); the reference's behaviour, its slice errors, follows this one.
+        self.asked = backend if asked is None else asked
         self.strategy = choose(adapter, file, device, backend)
         self.one, self.all = _TABLE[self.strategy][adapter.dlpack]
         # What turns a built CPU tensor into the delivered one: nothing on the CPU unless the adapter wraps

@@ -84,5 +84,5 @@ def load(data: bytes) -> Dict[str, jax.Array]:
 
 def load_file(filename: PathLike, *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, jax.Array]:
-    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``)."""
     return _adapter.load_file("flax", filename, "cpu", backend, storage_options)

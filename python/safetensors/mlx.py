@@ -92,5 +92,5 @@ def load(data: bytes) -> Dict[str, mx.array]:
 
 def load_file(filename: PathLike, *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, mx.array]:
-    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``)."""
     return _adapter.load_file("mlx", filename, "cpu", backend, storage_options)

@@ -44,7 +44,9 @@ def load(data: bytes) -> Dict[str, np.ndarray]:
 def load_file(filename: PathLike, *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, np.ndarray]:
     """Every array of ``filename``, in file order. ``backend``: ``"mmap"`` (copy-on-write views of the mapped
-    file) or ``"pread"`` (positional reads into memory of their own)."""
+    file), ``"pread"`` (positional reads into memory of their own, through the page cache), ``"direct"`` (the
+    same past the page cache, O_DIRECT) or ``"auto"`` (per file: direct for a large file the cache does not
+    hold). ``filename`` may be an ``s3://`` or ``https://`` URL (``storage_options`` as for ``safe_open``)."""
     return _adapter.load_file("np", filename, "cpu", backend, storage_options)
 
 

@@ -297,5 +297,5 @@ def load(data: bytes, device: Any = "cpu") -> Dict[str, paddle.Tensor]:
 
 def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, paddle.Tensor]:
-    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``)."""
     return _adapter.load_file("paddle", filename, device, backend, storage_options)

@@ -99,5 +99,5 @@ def load(data: bytes) -> Dict[str, tf.Tensor]:
 
 def load_file(filename: PathLike, *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, tf.Tensor]:
-    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"`` or ``"pread"``."""
+    """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``)."""
     return _adapter.load_file("tf", filename, "cpu", backend, storage_options)

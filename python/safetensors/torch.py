@@ -138,8 +138,8 @@ class _Torch(_adapter.Framework):
 
     def reference_slice_error(self, reader: Any, index: Any, code: str, shape: Tuple[int, ...]) -> Optional[str]:
         # The reference indexes a torch tensor on the mmap backend (torch's errors) and uses its own indexer
-        # on the pread backend.
-        if reader.file.backend == "mmap":
+        # on the pread backend: what the caller asked for decides (a device load reads an "mmap" file as "auto").
+        if reader.asked == "mmap":
             from ._slice_errors import torch_indexing_error
 
             return torch_indexing_error(index, torch_shape(code, shape))
@@ -375,7 +375,7 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 
 def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, torch.Tensor]:
-    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"`` or ``"pread"``.
+    """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``).
     ``filename`` may be an ``s3://``, ``https://`` or ``http://`` URL; ``storage_options`` as for ``safe_open``."""
     return _adapter.load_file("pt", filename, device, backend, storage_options)
 

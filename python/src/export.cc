@@ -2,6 +2,8 @@
 
 #include <nanobind/ndarray.h>
 
+#include <cstdlib>
+#include <new>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -49,7 +51,18 @@ nb::object export_array(const TensorInfo& t, const TensorView& view, nb::handle 
   return make_array<>(data, ndim, shape, owner, dtype, view.writable);
 }
 
-nb::object owned_bytes(std::uint64_t nbytes, std::span<std::byte>* dst) {
+nb::object owned_bytes(std::uint64_t nbytes, std::span<std::byte>* dst, std::uint64_t offset, std::uint64_t alignment) {
+  if (alignment > 1 && nbytes >= kCongruentMinBytes && (alignment & (alignment - 1)) == 0) {
+    const std::uint64_t pad = offset & (alignment - 1);
+    // The file was validated: nbytes (a tensor's size) fits in memory's address range, with room to spare.
+    const std::uint64_t size = (pad + nbytes + alignment - 1) & ~(alignment - 1);
+    void* base = std::aligned_alloc(static_cast<std::size_t>(alignment), static_cast<std::size_t>(size));
+    if (base == nullptr) throw std::bad_alloc();
+    nb::capsule owner(base, [](void* p) noexcept { std::free(p); });
+    *dst = std::span<std::byte>(static_cast<std::byte*>(base) + pad, static_cast<std::size_t>(nbytes));
+    advise_fresh_destination(*dst);
+    return owner;
+  }
   // The file was validated: a tensor's size fits in memory's address range.
   nb::object out = nb::steal(PyByteArray_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(nbytes)));
   if (!out.is_valid()) throw nb::python_error();
@@ -57,6 +70,11 @@ nb::object owned_bytes(std::uint64_t nbytes, std::span<std::byte>* dst) {
                               static_cast<std::size_t>(nbytes));
   advise_fresh_destination(*dst);
   return out;
+}
+
+nb::object as_buffer(const TensorInfo& t, const TensorView& view, nb::handle owner) {
+  if (PyByteArray_Check(owner.ptr())) return nb::borrow(owner);
+  return export_array(t, view, owner, Form::kBuffer);
 }
 
 }  // namespace safetensors::python

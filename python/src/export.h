@@ -31,9 +31,21 @@ enum class Form {
 // holds view.owner). Read-only unless view.writable.
 nanobind::object export_array(const TensorInfo& t, const TensorView& view, nanobind::handle owner, Form form);
 
-// New memory of `nbytes` bytes for a read to fill: a bytearray (its own owner, and with Form::kBuffer the
-// export itself), marked with advise_fresh_destination. `*dst` receives its bytes. REQUIRES: the GIL.
-nanobind::object owned_bytes(std::uint64_t nbytes, std::span<std::byte>* dst);
+// New memory of `nbytes` bytes for a read of the file's bytes at `offset` to fill, marked with
+// advise_fresh_destination; `*dst` receives its bytes. A bytearray (its own owner, and the buffer export
+// itself), or where `alignment` is set (a direct source's ReadHints::alignment) and the tensor is large enough
+// (kCongruentMinBytes), memory at an address congruent to `offset` modulo `alignment`, owned by a capsule, so
+// that the read lands in it without a bounce (a bytearray's bytes lie 16 bytes into a page: never congruent).
+// REQUIRES: the GIL.
+nanobind::object owned_bytes(std::uint64_t nbytes, std::span<std::byte>* dst, std::uint64_t offset = 0,
+                             std::uint64_t alignment = 0);
+// Tensors below this size get a bytearray whatever the alignment: congruent memory costs up to an alignment
+// of padding each.
+inline constexpr std::uint64_t kCongruentMinBytes = std::uint64_t{64} << 10;
+
+// An owned_bytes() owner as a buffer (memoryview-compatible) export of `view`: the bytearray itself, or a
+// memoryview kept alive by the capsule.
+nanobind::object as_buffer(const TensorInfo& t, const TensorView& view, nanobind::handle owner);
 
 }  // namespace safetensors::python
 

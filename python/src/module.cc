@@ -99,6 +99,8 @@ const char* backend_name(Backend b) {
     case Backend::kMmap: return "mmap";
     case Backend::kPread: return "pread";
     case Backend::kMemory: return "memory";
+    case Backend::kDirect: return "direct";
+    case Backend::kAuto: return "auto";
   }
   return "unknown";
 }
@@ -170,6 +172,10 @@ TensorInfo data_buffer(const File& f) {
   return all;
 }
 
+// The source's ReadHints::alignment: owned memory placed congruent to the file modulo it is read into
+// without a bounce (a direct source); 0 elsewhere.
+std::uint64_t read_alignment(const File& f) { return f.source()->read_hints().alignment; }
+
 // The tensors `names` selects (every tensor in file order when None).
 std::vector<const TensorInfo*> selected(const File& f, const std::optional<std::vector<std::string>>& names) {
   std::vector<const TensorInfo*> out;
@@ -190,8 +196,10 @@ std::vector<const TensorInfo*> selected(const File& f, const std::optional<std::
 Backend parse_backend(const std::string& name) {
   if (name == "mmap") return Backend::kMmap;
   if (name == "pread") return Backend::kPread;
+  if (name == "direct") return Backend::kDirect;
+  if (name == "auto") return Backend::kAuto;
   raise_message(Error::Kind::kInvalidArgument,
-                "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\")");
+                "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\", \"direct\", \"auto\")");
 }
 
 OpenOptions open_options(const std::string& backend, std::uint64_t max_header_bytes, const RemotePairs& remote) {
@@ -287,7 +295,7 @@ NB_MODULE(_safetensors_cpp, m) {
       .def_prop_ro("backend", [](const File& f) { return backend_name(f.backend()); })
       .def_prop_ro(
           "source_kind", [](const File& f) { return std::string(f.source()->kind()); },
-          "What the bytes come from: \"mmap\", \"pread\", \"memory\", \"http\" or \"s3\".")
+          "What the bytes come from: \"mmap\", \"pread\", \"direct\", \"memory\", \"http\" or \"s3\".")
       .def(
           "source_stats",
           [](const File& f) {
@@ -296,10 +304,28 @@ NB_MODULE(_safetensors_cpp, m) {
             d["requests"] = s.requests;
             d["bytes_fetched"] = s.bytes_fetched;
             d["retries"] = s.retries;
+            d["direct_bytes"] = s.direct_bytes;
+            d["bounced_bytes"] = s.bounced_bytes;
+            d["cached_bytes"] = s.cached_bytes;
+            d["direct_refused"] = int(s.direct_refused);
+            d["resident_bytes"] = s.resident_bytes;
+            d["residency_probe"] = nb::str(s.residency_probe.data(), s.residency_probe.size());
             return d;
           },
-          nb::sig("def source_stats(self) -> dict[str, int]"),
-          "Requests, body bytes fetched and retries so far (a remote source; zeros elsewhere).")
+          nb::sig("def source_stats(self) -> dict[str, int | str]"),
+          "What the source did so far (source.h, SourceStats): a remote source's requests, body bytes fetched and "
+          "retries; a direct source's bytes read with O_DIRECT, bounced, read through the cache, whether O_DIRECT "
+          "was refused (1), and for backend auto the bytes cached when it chose and the probe that told "
+          "(residency_probe). Zeros elsewhere.")
+      .def(
+          "with_backend",
+          [](const File& f, const std::string& backend) {
+            const Backend b = parse_backend(backend);
+            return check(without_gil([&] { return f.with_backend(b); }));
+          },
+          "backend"_a,
+          "This file read through another backend: the same open file (not the path again), the same header. "
+          "The file itself where its source has no other way (memory, remote).")
       .def_prop_ro("data_offset", &File::data_offset)
       .def_prop_ro("header_length", &File::header_length)
       .def_prop_ro("size", &File::size)
@@ -402,13 +428,34 @@ NB_MODULE(_safetensors_cpp, m) {
           [](const File& f, std::string_view name, bool dlpack) {
             const TensorInfo* t = check(f.info(name));
             std::span<std::byte> dst;
-            nb::object owner = owned_bytes(t->nbytes(), &dst);
+            nb::object owner = owned_bytes(t->nbytes(), &dst, f.data_offset() + t->begin, read_alignment(f));
             check(without_gil([&] { return f.read_into(*t, dst); }));
-            return dlpack ? export_array(*t, TensorView{dst, nullptr, true}, owner, Form::kDlpack) : owner;
+            const TensorView view{dst, nullptr, true};
+            return dlpack ? export_array(*t, view, owner, Form::kDlpack) : as_buffer(*t, view, owner);
           },
           "name"_a, "dlpack"_a = true, nb::sig("def read(self, name: str, dlpack: bool = True) -> object"),
-          "A tensor read into new memory of its own, a bytearray (GIL released): exported as a DLPack capsule "
-          "(typed as in view), or with dlpack=False the bytearray itself.")
+          "A tensor read into new memory of its own (GIL released): a bytearray, or where the source reads "
+          "directly memory placed congruent with the file; exported as a DLPack capsule (typed as in view), or "
+          "with dlpack=False as a buffer (the bytearray itself, else a memoryview).")
+      .def(
+          "destination",
+          [](const File& f, std::uint64_t begin, std::uint64_t nbytes) {
+            const std::uint64_t data_size = f.size() - f.data_offset();
+            if (begin > data_size || nbytes > data_size - begin) {
+              raise_error(Error::invalid_argument(f.path(), "destination: [" + std::to_string(begin) + ", +" +
+                                                                std::to_string(nbytes) + ") is outside the " +
+                                                                std::to_string(data_size) + "-byte data buffer"));
+            }
+            std::span<std::byte> dst;
+            nb::object owner = owned_bytes(nbytes, &dst, f.data_offset() + begin, read_alignment(f));
+            TensorInfo bytes;
+            bytes.dtype = Dtype::kU8;
+            bytes.shape = std::span<const std::uint64_t>(&nbytes, 1);
+            return export_array(bytes, TensorView{dst, nullptr, true}, owner, Form::kDlpack);
+          },
+          "begin"_a, "nbytes"_a, nb::sig("def destination(self, begin: int, nbytes: int) -> object"),
+          "New memory for the data-buffer bytes [begin, begin + nbytes) to be read into (a DLPack capsule of "
+          "uint8): where the source reads directly, placed so that its reads land in it without a bounce.")
       .def(
           "read_all",
           [](const File& f, const std::optional<std::vector<std::string>>& names, unsigned threads, bool dlpack) {
@@ -417,15 +464,16 @@ NB_MODULE(_safetensors_cpp, m) {
             std::vector<std::span<std::byte>> dsts(ts.size());
             std::vector<ReadRequest> reqs;
             reqs.reserve(ts.size());
+            const std::uint64_t alignment = read_alignment(f);
             for (std::size_t i = 0; i < ts.size(); ++i) {
-              owners[i] = owned_bytes(ts[i]->nbytes(), &dsts[i]);
+              owners[i] = owned_bytes(ts[i]->nbytes(), &dsts[i], f.data_offset() + ts[i]->begin, alignment);
               if (!dsts[i].empty()) reqs.push_back({ts[i], dsts[i]});
             }
             check(without_gil([&] { return f.read_many(reqs, threads); }));
             return make_list(ts.size(), [&](std::size_t i) {
-              nb::object out = dlpack
-                                   ? export_array(*ts[i], TensorView{dsts[i], nullptr, true}, owners[i], Form::kDlpack)
-                                   : owners[i];
+              const TensorView view{dsts[i], nullptr, true};
+              nb::object out =
+                  dlpack ? export_array(*ts[i], view, owners[i], Form::kDlpack) : as_buffer(*ts[i], view, owners[i]);
               return nb::make_tuple(make_str(ts[i]->name), std::move(out));
             });
           },
@@ -519,6 +567,9 @@ NB_MODULE(_safetensors_cpp, m) {
   bind_dtypes(m);
 
   m.def("live_mappings", &testing::live_mappings, "Number of file mappings alive in this process (for tests).");
+  m.def("set_direct_bounce", &testing::set_direct_bounce, "always"_a.none(),
+        "For tests: direct sources opened from now on read everything through bounce memory (True), straight "
+        "into aligned destinations where they can (False), or as the device under the file suggests (None).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;
   bind_engine(m);
   bind_sharded(m);

@@ -200,10 +200,13 @@ class RemoteSource final : public Source {
   const std::string& name() const override { return name_; }
   std::uint64_t size() const override { return pin_.size; }
   std::string_view kind() const override { return kind_; }
-  ReadHints read_hints() const override { return {std::max(1u, options_.connections), options_.merge_gap}; }
+  ReadHints read_hints() const override {
+    return {.parallelism = std::max(1u, options_.connections), .merge_gap = options_.merge_gap};
+  }
   SourceStats stats() const override {
-    return {requests_.load(std::memory_order_relaxed), bytes_.load(std::memory_order_relaxed),
-            retries_.load(std::memory_order_relaxed)};
+    return {.requests = requests_.load(std::memory_order_relaxed),
+            .bytes_fetched = bytes_.load(std::memory_order_relaxed),
+            .retries = retries_.load(std::memory_order_relaxed)};
   }
 
  private:

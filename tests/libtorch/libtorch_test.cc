@@ -53,7 +53,7 @@ struct Fixture {
   }
 };
 
-TEST(LibtorchTest, EveryDtypeTorchHasRoundTripsOnBothBackends) {
+TEST(LibtorchTest, EveryDtypeTorchHasRoundTripsOnEveryBackend) {
   TempDir dir;
   Fixture fx;
   ASSERT_EQ(fx.tensors.size(), kDtypeTable.size() - 2);  // all but F6_E2M3 and F6_E3M2
@@ -74,7 +74,7 @@ TEST(LibtorchTest, EveryDtypeTorchHasRoundTripsOnBothBackends) {
     EXPECT_TRUE(same(buf, bytes_of(tensor))) << name;
   }
 
-  for (Backend backend : {Backend::kMmap, Backend::kPread}) {
+  for (Backend backend : {Backend::kMmap, Backend::kPread, Backend::kDirect}) {
     auto loaded = libtorch::load(path, torch::kCPU, backend);
     ASSERT_ST_OK(loaded);
     ASSERT_EQ(loaded->size(), fx.tensors.size());
@@ -190,7 +190,7 @@ TEST(LibtorchTest, LoadsOntoAnotherDeviceAndFromShards) {
       {"b", Dtype::kI64, {10}, bytes_of(b)},
   };
   ASSERT_ST_OK(save_sharded(dir.path().string(), parts, {.max_shard_bytes = 80}));
-  for (Backend backend : {Backend::kMmap, Backend::kPread}) {
+  for (Backend backend : {Backend::kMmap, Backend::kPread, Backend::kDirect}) {
     auto sharded = ShardedFile::open_index(dir.file("model.safetensors.index.json"), {.backend = backend});
     ASSERT_ST_OK(sharded);
     ASSERT_EQ(sharded->shards().size(), 2u);
@@ -292,7 +292,7 @@ TEST(LibtorchEngineTest, EveryDtypeStagedOntoTheCpuEqualsThePlainLoad) {
   Fixture fx;
   const std::string path = dir.file("all.safetensors");
   ASSERT_ST_OK(libtorch::save(path, fx.tensors));
-  for (Backend backend : {Backend::kMmap, Backend::kPread}) {
+  for (Backend backend : {Backend::kMmap, Backend::kPread, Backend::kDirect}) {
     auto plain = libtorch::load(path, torch::kCPU, backend);
     ASSERT_ST_OK(plain);
     // Slabs of one page, so tensors share slabs and chunks; three readers land them out of order.
@@ -369,7 +369,7 @@ TEST(LibtorchEngineTest, StagingMemoryIsBoundedByThePool) {
 
 // A file that shrank after open: a kIo error naming the file and a tensor, every slab back in the pool.
 TEST(LibtorchEngineTest, TruncatedFileNamesTheFileAndTheTensor) {
-  for (Backend backend : {Backend::kMmap, Backend::kPread}) {
+  for (Backend backend : {Backend::kMmap, Backend::kPread, Backend::kDirect}) {
     TempDir dir;
     libtorch::TensorMap model;
     for (int i = 0; i < 16; ++i) model["layer." + std::to_string(i)] = torch::full({32, 64}, i, torch::kFloat32);

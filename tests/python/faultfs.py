@@ -4,8 +4,9 @@
 
 Serves the files of BACKING at MOUNTPOINT, in the foreground, until it is unmounted. RULES is a JSON file,
 read again whenever it changes, of ``{file name: {"eio": [[lo, hi], ...], "stall": [[lo, hi, seconds],
-...]}}``: a read request that overlaps [lo, hi) of that file fails with EIO, or -- once per stall rule --
-sleeps that long before it is served. A file that shrinks is made by truncating it in BACKING: the kernel
+...], "refuse_direct": true}}``: a read request that overlaps [lo, hi) of that file fails with EIO, or -- once
+per stall rule -- sleeps that long before it is served; with ``refuse_direct`` an open with O_DIRECT fails with
+EINVAL, as filesystems without direct I/O refuse it. A file that shrinks is made by truncating it in BACKING: the kernel
 still believes the old size, as an NFS client does, and reads past the new end come back short.
 
 The kernel reads whole pages (and reads ahead), so the ranges are best page aligned; requests arrive from
@@ -63,6 +64,8 @@ class FaultFS(fuse.Operations):
     def open(self, path: str, flags: int) -> int:
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise fuse.FuseOSError(errno.EROFS)
+        if flags & os.O_DIRECT and self._rules_for(path).get("refuse_direct"):
+            raise fuse.FuseOSError(errno.EINVAL)
         return os.open(self._real(path), os.O_RDONLY)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:

@@ -274,7 +274,8 @@ def test_errors_match_the_reference(sample, tmp_path):
         safe_open(path, "np", device="cuda:0")
     with pytest.raises(SafetensorError, match="^Device 0 is not supported for framework numpy$"):
         safe_open(path, "np", device=0)
-    with pytest.raises(SafetensorError, match=r'^backend "foo" is invalid \(expected one of: "mmap", "pread"\)$'):
+    with pytest.raises(SafetensorError,
+                       match=r'^backend "foo" is invalid \(expected one of: "mmap", "pread", "direct", "auto"\)$'):
         safe_open(path, "np", backend="foo")
     missing = str(tmp_path / "nope.safetensors")
     with pytest.raises(FileNotFoundError, match=f"^No such file or directory: {missing}$"):

@@ -135,7 +135,8 @@ def test_the_slicer_takes_python_ints_slices_and_ellipsis(tmp_path):
 def test_a_backend_that_is_not_a_string_is_named_by_its_str(tmp_path):
     path = tmp_path / "t.safetensors"
     path.write_bytes(serialize({}))
-    with pytest.raises(SafetensorError, match=r'^backend "1" is invalid \(expected one of: "mmap", "pread"\)$'):
+    with pytest.raises(SafetensorError,
+                       match=r'^backend "1" is invalid \(expected one of: "mmap", "pread", "direct", "auto"\)$'):
         safe_open(path, "pt", backend=1)
 
 
@@ -159,6 +160,10 @@ class _Adapter:
     ("cpu", "mmap", "mmap", _strategies.VIEW),
     ("cpu", "mmap", "pread", _strategies.OWNED),  # the mapping was refused: reads
     ("cpu", "pread", "pread", _strategies.OWNED),
+    ("cpu", "direct", "direct", _strategies.OWNED),
+    ("cpu", "direct", "pread", _strategies.OWNED),  # O_DIRECT was refused: read through the cache
+    ("cpu", "auto", "direct", _strategies.OWNED),
+    ("npu", "auto", "direct", _strategies.STAGED),
     ("cpu", None, "memory", _strategies.OWNED),  # load(bytes): copies
     ("xla", "mmap", "mmap", _strategies.OWNED),  # no staging: read on the CPU, then moved
 ])
@@ -170,7 +175,7 @@ def test_one_table_chooses_the_strategy(device, backend, opened_as, strategy):
 
 
 @pytest.mark.parametrize("framework", ["pt", "np"])
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_get_tensor_and_get_tensors_agree_for_every_dtype(tmp_path, framework, backend):
     codes = [c for c, row in DTYPES.items() if row.torch_name] if framework == "pt" else None
     path, payloads = _file_of_every_dtype(tmp_path, codes)

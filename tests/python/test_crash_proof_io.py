@@ -29,7 +29,7 @@ import read_paths  # noqa: E402
 from read_paths import tensors  # noqa: E402
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_a_file_cut_short_after_open_gives_an_error_on_every_read_path(tmp_path: Path, backend: str) -> None:
     path = tmp_path / "model.safetensors"
     save_file(tensors(), path)
@@ -50,7 +50,7 @@ def test_a_file_cut_short_after_open_gives_an_error_on_every_read_path(tmp_path:
         assert what in r["message"], r
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_reads_before_the_cut_still_work(tmp_path: Path, backend: str) -> None:
     path = tmp_path / "model.safetensors"
     want = tensors()
@@ -72,7 +72,7 @@ except OSError as e:
 """
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_a_fifo_is_refused_without_blocking(tmp_path: Path, backend: str) -> None:
     fifo = tmp_path / "pipe.safetensors"
     os.mkfifo(fifo)
@@ -85,7 +85,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path, backend: str) -> Non
     assert "not a regular file (a FIFO)" in proc.stdout and str(fifo) in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_a_directory_a_device_and_a_socket_are_refused(tmp_path: Path, backend: str) -> None:
     sock_path = tmp_path / "s.safetensors"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -35,7 +35,7 @@ def cuda_state() -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct", "auto"])
 def test_round_trip_to_cuda(tmp_path, backend):
     state = cuda_state()
     path = tmp_path / "cuda.safetensors"

@@ -42,7 +42,7 @@ def drain(pf, staged_out=None):
             done.append(ev.piece)
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct", "auto"])
 def test_direct_into_numpy_and_torch_buffers(model, backend):
     path, tensors = model
     f = cpp.File(path, backend)
@@ -70,7 +70,7 @@ def test_direct_into_numpy_and_torch_buffers(model, backend):
             assert got == h.get_tensor(name).tobytes(), name
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct", "auto"])
 def test_staged_through_slabs_with_memmove(model, backend):
     path, tensors = model
     f = cpp.File(path, backend)

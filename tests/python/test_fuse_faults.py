@@ -1,6 +1,6 @@
 """Issue 14: reads over a filesystem that fails on demand (faultfs.py, a FUSE passthrough).
 
-Every read path of read_paths.py, on both backends, over a file whose reads of a chosen range fail with EIO,
+Every read path of read_paths.py, on each backend (direct reads too), over a file whose reads of a chosen range fail with EIO,
 stall, or that shrinks after it was opened (its backing file is cut while the kernel still believes the old
 size, as an NFS client would): each path returns the right data or raises a clean OSError naming the file
 -- never a crash, never a hang (the reads run in a child process with a timeout). The one unprotected path,
@@ -120,13 +120,15 @@ def assert_clean_error(r: Dict[str, Any], path: Path, text: str) -> None:
     assert what in r["message"], r
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_eio_in_a_tensor(faultfs: FaultFS, backend: str) -> None:
     b = _layout()
     # Pages 16..31 of `b` fail. Element [250, 7] lies far past them: that read succeeds.
     lo = (b["b_begin"] // PAGE + 16) * PAGE
     path = faultfs.add(f"eio-{backend}.safetensors", eio=[[lo, lo + 16 * PAGE]])
-    assert _cpp.File(str(path), backend).backend == backend  # the mmap backend really maps the FUSE file
+    # The mmap backend really maps the FUSE file; the direct one really reads it with O_DIRECT (FUSE passes
+    # such reads to the filesystem, past the page cache).
+    assert _cpp.File(str(path), backend).backend == backend
     results = _by_path(read_paths.run(str(path), backend, timeout=60))
     element = results.pop("pt get_slice element")
     assert element["ok"] and element["correct"], element
@@ -135,7 +137,7 @@ def test_eio_in_a_tensor(faultfs: FaultFS, backend: str) -> None:
         assert r["path"] == "cli verify" or r["errno"] == errno.EIO, r
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_a_file_that_shrinks_after_open(faultfs: FaultFS, backend: str) -> None:
     b = _layout()
     path = faultfs.add(f"shrink-{backend}.safetensors")
@@ -151,7 +153,7 @@ def test_a_file_that_shrinks_after_open(faultfs: FaultFS, backend: str) -> None:
         assert_clean_error(r, path, "file is shorter than expected")
 
 
-@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("backend", ["mmap", "pread", "direct"])
 def test_a_stalled_read_finishes_with_the_right_data(faultfs: FaultFS, backend: str) -> None:
     b = _layout()
     lo = (b["b_begin"] // PAGE + 8) * PAGE
@@ -161,6 +163,24 @@ def test_a_stalled_read_finishes_with_the_right_data(faultfs: FaultFS, backend: 
     assert time.monotonic() - start >= 1.0  # the stall happened
     for r in results:
         assert r["ok"] and r["correct"], r
+
+
+def test_a_filesystem_that_refuses_o_direct_is_read_through_the_page_cache(
+        faultfs: FaultFS, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    path = faultfs.add("refuse-direct.safetensors", refuse_direct=True)
+    file = _cpp.File(str(path), "direct")
+    assert file.backend == "pread" and file.source_kind == "pread"
+    assert file.source_stats()["direct_refused"] == 1
+    for r in read_paths.run(str(path), "direct", timeout=60):
+        assert r["ok"] and r["correct"], r
+    caplog.set_level(logging.DEBUG, logger="safetensors")
+    from safetensors import safe_open
+
+    with safe_open(path, "pt", backend="direct") as f:
+        assert torch.equal(f.get_tensor("b"), read_paths.tensors()["b"])
+    assert any("the filesystem refused O_DIRECT" in r.getMessage() for r in caplog.records), caplog.text
 
 
 # The documented limit: a zero-copy CPU tensor is a view of the mapping, and touching a page the file cannot

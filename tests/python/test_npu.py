@@ -20,7 +20,7 @@ DTYPES = [
     torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
     torch.complex64, torch.uint16, torch.float4_e2m1fn_x2,
 ]
-BACKENDS = ["mmap", "pread"]
+BACKENDS = ["mmap", "pread", "direct", "auto"]
 
 
 @pytest.fixture(autouse=True)

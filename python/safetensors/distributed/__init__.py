@@ -68,7 +68,7 @@ def load_file(
     *,
     group: Optional[dist.ProcessGroup] = None,
     plan: Plan = None,
-    backend: str = "pread",
+    backend: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     stats: Optional[LoadStats] = None,
     storage_options: Optional[StorageOptions] = None,
@@ -89,7 +89,8 @@ def load_file(
             rows ``[start, stop)`` of its first dimension (negative bounds count from the end; never clamped),
             as for ``safe_open.prefetch``; ``{}`` takes part in the load and gets nothing. Ranks needing the
             same bytes share one read; bytes no rank needs are not read.
-        backend: how files are opened (``"pread"`` or ``"mmap"``); tensors always own their memory.
+        backend: how files are read (``"auto"``: past the page cache where a file is not cached, else through
+            it; ``"direct"``, ``"pread"`` or ``"mmap"``: as for ``safe_open``); tensors always own their memory.
         chunk_bytes: bytes per chunk (a multiple of the page size): the unit of one read and one collective.
         stats: a :class:`LoadStats` to fill with what this rank read and moved.
         storage_options: for an ``s3://`` or ``https://`` ``filename`` (as for ``safe_open``): each rank
@@ -114,7 +115,7 @@ def load_sharded(
     *,
     group: Optional[dist.ProcessGroup] = None,
     plan: Plan = None,
-    backend: str = "pread",
+    backend: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     stats: Optional[LoadStats] = None,
     storage_options: Optional[StorageOptions] = None,

@@ -1,0 +1,60 @@
+// The direct source (source.h, "direct"): a local file read with O_DIRECT, and Backend::kAuto's choice between
+// it and the page cache.
+#ifndef SAFETENSORS_SRC_DIRECT_SOURCE_H_
+#define SAFETENSORS_SRC_DIRECT_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "safetensors/source.h"
+
+namespace safetensors::internal {
+
+// The direct-I/O alignment of an open file, in bytes (powers of two): of the destination's address and of the
+// file offset and length. From statx(STATX_DIOALIGN) (Linux 6.1) where the filesystem reports it, else
+// kDefaultDirectAlignment for both.
+struct DirectAlignment {
+  std::uint64_t memory = 0;
+  std::uint64_t offset = 0;
+  // Whether the filesystem reported them.
+  bool reported = false;
+};
+// 4096: the largest logical block size of common devices, and the page size. A filesystem that needs more
+// fails the reads with EINVAL, and the source falls back to the page cache.
+inline constexpr std::uint64_t kDefaultDirectAlignment = 4096;
+DirectAlignment direct_alignment(int fd);
+
+// Bytes of each read through bounce memory, and so of each bounce buffer (a multiple of any alignment up to
+// it): large enough that a destination the alignment does not fit still gets reads of a useful size, small
+// enough that a buffer per reader thread stays in the CPU's cache while it is copied out.
+inline constexpr std::uint64_t kBounceBytes = std::uint64_t{1} << 20;
+// Bytes of each read through bounce memory where every read bounces (a device that splits reads into memory of
+// 4 KiB pages into small requests): huge pages, two full 4 MiB requests of such a device per read.
+inline constexpr std::uint64_t kHugeBounceBytes = std::uint64_t{8} << 20;
+// The direct source's ReadHints::parallelism: reads in flight from a load's threads. With one read per thread,
+// a thread faults its destination's pages in before its read starts, so more threads keep the device busy
+// meanwhile (2 GiB, new process, 2-CPU VM: 1.98 s with 2 threads, 1.58 s with 4, 1.55 s with 8).
+inline constexpr unsigned kDirectParallelism = 8;
+// The direct source's ReadHints::merge_gap: pieces smaller than this and closer together are read as one (a
+// direct read costs a device round trip, with no readahead to share it).
+inline constexpr std::uint64_t kDirectMergeGap = std::uint64_t{256} << 10;
+
+// A Source for `backend` (kDirect or kAuto) over the regular file `path`, open as `fd` (which it takes over),
+// of `size` bytes (fixed now, as every source's). kDirect reads with O_DIRECT through a second descriptor of
+// the same open file (/proc/self/fd, so a path replaced meanwhile is not opened instead); where that open or
+// the first read is refused (EINVAL: tmpfs before Linux 6.6, some FUSE filesystems) it reads through the page
+// cache with `fd` instead, and says so in stats(). Where the device under the file splits reads into 4 KiB-page
+// memory into smaller requests than it takes (its max_segments pages are less than max_sectors_kb) and
+// transparent huge pages are available, every read goes through huge-page bounce memory instead of straight
+// into its destination (2 GiB on the virtio disk of BENCHMARKS.md: 1 MiB requests straight in, 4 MiB through
+// huge pages; 1.4-1.9 s against 0.93-1.09 s in new processes, the copy included). kAuto probes the page cache first
+// (probe_residency, with mincore where `may_mincore`): a file of at least kAutoDirectMinBytes of which less than a
+// third is cached is read as kDirect, any other through the page cache; stats() records what the probe found. Never
+// fails.
+std::shared_ptr<const Source> open_direct_source(std::string path, int fd, std::uint64_t size, Backend backend,
+                                                 bool may_mincore);
+
+}  // namespace safetensors::internal
+
+#endif  // SAFETENSORS_SRC_DIRECT_SOURCE_H_
