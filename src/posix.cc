@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -25,8 +26,18 @@ constexpr long kCachestatNr = 451;
 int cachestat_syscall(int fd, CachestatRange* range, Cachestat* cstat, unsigned flags) {
   return static_cast<int>(::syscall(kCachestatNr, fd, range, cstat, flags));
 }
+// preadv2(2) through syscall(2): glibc wraps it only from 2.26, and the wheels target glibc 2.17 (README,
+// "Wheels"). The kernel takes the offset as two longs, low then high; on 64-bit hosts the high one is shifted
+// out (the same split glibc's wrapper makes).
 ssize_t preadv2_syscall(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags) {
-  return ::preadv2(fd, iov, iovcnt, offset, flags);
+#ifdef SYS_preadv2
+  const auto pos = static_cast<std::uint64_t>(offset);
+  return ::syscall(SYS_preadv2, fd, iov, iovcnt, static_cast<long>(pos), static_cast<long>(pos >> 32), flags);
+#else
+  (void)fd, (void)iov, (void)iovcnt, (void)offset, (void)flags;
+  errno = ENOSYS;
+  return -1;
+#endif
 }
 
 const Syscalls kReal = {
