@@ -22,7 +22,6 @@
 namespace safetensors {
 namespace {
 
-
 using internal::Chunk;
 using internal::Lease;
 using internal::MutexLock;
@@ -355,11 +354,6 @@ Prefetcher::~Prefetcher() = default;
 Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Piece> plan,
                                                       const PrefetchOptions& options) {
   const std::string path = file.path();
-  if (options.threads > PrefetchOptions::kMaxThreads) {
-    return Error::invalid_argument(
-        path, "prefetch threads " + std::to_string(options.threads) + " exceed " +
-                  std::to_string(PrefetchOptions::kMaxThreads));
-  }
   if (options.chunk_bytes == 0) return Error::invalid_argument(path, "prefetch chunk_bytes must be positive");
   const std::uint64_t data_size = file.size() - file.data_offset();
   for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -417,8 +411,9 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::start(File file, std::vector<Pie
     }
   }
 
-  const unsigned threads = static_cast<unsigned>(
-      std::min<std::size_t>(options.threads == 0 ? kDefaultReaderThreads : options.threads, impl->chunks.size()));
+  const unsigned threads =
+      static_cast<unsigned>(std::min<std::size_t>({options.threads == 0 ? kDefaultReaderThreads : options.threads,
+                                                   PrefetchOptions::kMaxThreads, impl->chunks.size()}));
   impl->max_slabs = options.max_slabs != 0 ? options.max_slabs : std::max<std::size_t>(1, 2 * std::size_t{threads});
   // Set only now: ~Impl detaches from the pool exactly when this attached.
   impl->pool = pool;

@@ -194,9 +194,9 @@ class SAFETENSORS_EXPORT SlabPool {
 using SlabHandle = std::uint64_t;
 
 struct PrefetchOptions {
-  // The most reader threads one prefetcher runs.
+  // The most reader threads one prefetcher runs: a larger count is accepted and runs this many.
   static constexpr unsigned kMaxThreads = 64;
-  // Reader threads (1..kMaxThreads; 0 = kDefaultReaderThreads). Fewer are started when the plan has fewer chunks.
+  // Reader threads (0 = kDefaultReaderThreads). At most kMaxThreads run, fewer when the plan has fewer chunks.
   unsigned threads = kDefaultReaderThreads;
   // The largest single read; staged chunks are also at most the pool's slab size. REQUIRES: > 0.
   std::uint64_t chunk_bytes = kDefaultChunkBytes;

@@ -113,7 +113,7 @@ inline std::optional<Dtype> from_torch_dtype(torch::ScalarType type) {
 
 // How load() moves the bytes of tensors it copies (see "Loading" at the top of this file).
 struct LoadOptions {
-  // Engine reader threads per file (1..64; 0 = kDefaultReaderThreads).
+  // Engine reader threads per file (at most PrefetchOptions::kMaxThreads run; 0 = kDefaultReaderThreads).
   unsigned threads = kDefaultReaderThreads;
   // The pool that stages device loads (and stage_cpu loads); its capacity bounds their host memory, for all
   // concurrent loads using it together. nullptr: for a device, the adapter's pool for its device type --
