@@ -9,6 +9,7 @@ APT_PACKAGES=(
   g++ pkg-config
   libsimdjson-dev libgtest-dev libbenchmark-dev   # the C++ library and its tests (versions: Debian 12)
   libcurl4-openssl-dev                            # remote sources: libcurl's headers; libcurl is loaded at run time
+  openssl                                         # tests: a self-signed certificate for the HTTPS test server
   clang libclang-rt-14-dev llvm                   # sanitizers and libFuzzer
   clang-format-14                                 # the C/C++ style check (scripts/test.d/05-lint.sh)
   fuse3 libfuse3-3                                # fusermount3 + libfuse3 for the FUSE fault tests (mfusepy)

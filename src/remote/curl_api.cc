@@ -21,6 +21,23 @@ struct Loaded {
   std::string error;  // empty when api is usable
 };
 
+// RTLD_DEEPBIND: libcurl and the libraries it brings (OpenSSL) resolve their own symbols first. Without it a
+// library already in the global scope that exports the same names wins: TensorFlow's libtensorflow_framework
+// exports its own curl_* and BoringSSL SSL_* functions, and libcurl's internal calls landed there ("Failed
+// initialization", then a crash). The sanitizers' runtimes refuse RTLD_DEEPBIND, so their builds go without.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SAFETENSORS_NO_DEEPBIND 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define SAFETENSORS_NO_DEEPBIND 1
+#endif
+#endif
+#if defined(RTLD_DEEPBIND) && !defined(SAFETENSORS_NO_DEEPBIND)
+constexpr int kOpenFlags = RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND;
+#else
+constexpr int kOpenFlags = RTLD_NOW | RTLD_LOCAL;
+#endif
+
 Loaded load() {
   Loaded out;
   const char* forced = std::getenv("SAFETENSORS_LIBCURL");
@@ -28,11 +45,11 @@ Loaded load() {
   void* lib = nullptr;
   const char* soname = nullptr;
   if (forced != nullptr && *forced != '\0') {
-    lib = ::dlopen(forced, RTLD_NOW | RTLD_LOCAL);
+    lib = ::dlopen(forced, kOpenFlags);
     soname = forced;
   } else {
     for (const char* name : kNames) {
-      lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      lib = ::dlopen(name, kOpenFlags);
       if (lib != nullptr) {
         soname = name;
         break;

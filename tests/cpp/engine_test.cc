@@ -446,7 +446,6 @@ TEST(EngineTest, PlansOutsideTheFileAndBadOptionsAreRefused) {
   EXPECT_ST_ERROR(Prefetcher::start(f, {piece(data_size - 4, data_size + 4)}), kInvalidArgument);
   EXPECT_ST_ERROR(Prefetcher::start(f, {piece(8, 4)}), kInvalidArgument);
   EXPECT_ST_ERROR(Prefetcher::start(f, {short_dst}), kInvalidArgument);
-  EXPECT_ST_ERROR(Prefetcher::start(f, {piece(0, 8)}, {.threads = 65}), kInvalidArgument);
   EXPECT_ST_ERROR(Prefetcher::start(f, {piece(0, 8)}, {.chunk_bytes = 0}), kInvalidArgument);
   auto pf = Prefetcher::start(f, {piece(0, 8)});
   ASSERT_ST_OK(pf);
@@ -455,6 +454,20 @@ TEST(EngineTest, PlansOutsideTheFileAndBadOptionsAreRefused) {
 }
 
 // Both modes, on both backends: a file truncated after open fails with kIo naming the file and a tensor.
+TEST(EngineTest, ThreadCountsAboveTheMaximumLoadWithTheMaximum) {
+  // A caller passing its core count (here far more than kMaxThreads) gets a working load, not an error.
+  TempDir dir;
+  const Model m = make_model(3, 10, 32);
+  const File f = open_model(dir, m, Backend::kPread);
+  std::vector<std::vector<std::byte>> dsts;
+  dsts.reserve(f.tensors().size());
+  auto pf = Prefetcher::start(f, whole_plan(f, Delivery::kDirect, &dsts), {.threads = 100000});
+  ASSERT_ST_OK(pf);
+  Drained d;
+  ASSERT_ST_OK(drain(**pf, &d));
+  for (std::size_t i = 0; i < f.tensors().size(); ++i) EXPECT_EQ(dsts[i], expected_bytes(f, (*pf)->plan()[i]));
+}
+
 TEST(EngineTest, TruncationMidStreamIsDeliveredByNextInBothModes) {
   for (Backend backend : {Backend::kMmap, Backend::kPread}) {
     for (Delivery delivery : {Delivery::kStaged, Delivery::kDirect}) {

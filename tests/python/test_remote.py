@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -343,6 +344,59 @@ def test_bearer_token_and_redirects(checkpoint: Path, no_aws: None, monkeypatch:
             assert digests(f.get_tensors()) == expected
         # Ranges after the first go straight to where the redirect led.
         assert len(front.requests_for("/resolve/public.safetensors")) == 1
+
+
+@pytest.fixture(scope="module")
+def tls_server_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ssl.SSLContext, Path]]:
+    """A self-signed certificate for 127.0.0.1 (made by the openssl CLI) and a server context serving it."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    yield context, cert
+
+
+def test_https_verifies_the_server_against_the_ca_bundle(checkpoint: Path, tls_server_context):
+    context, cert = tls_server_context
+    expected = digests(safetensors.torch.load_file(checkpoint))
+    with RangeServer(tls=context) as server:
+        url = server.url("/m.safetensors")
+        server.put("/m.safetensors", checkpoint)
+        assert digests(safetensors.torch.load_file(url, storage_options={"ca_bundle": str(cert)})) == expected
+        # The system's CAs do not know a self-signed certificate: refused, and the error says it was TLS.
+        with pytest.raises(OSError, match="TLS") as info:
+            safe_open(url, "pt", storage_options=FAST)
+        assert url in str(info.value)
+        with safe_open(url, "pt", storage_options={"verify_tls": False}) as f:
+            assert digests(f.get_tensors()) == expected
+
+
+# TensorFlow's libtensorflow_framework exports curl_* and BoringSSL's SSL_* functions into the global scope;
+# libcurl loaded without RTLD_DEEPBIND resolved its own calls there: "Failed initialization", then a crash.
+LOAD_AFTER_TENSORFLOW = r"""
+import sys
+import tensorflow  # noqa: F401  (its exported symbols are what this checks against)
+import safetensors.torch
+local = safetensors.torch.save(safetensors.torch.load_file(sys.argv[4]))
+for url, options in ((sys.argv[1], {}), (sys.argv[2], {"ca_bundle": sys.argv[3]})):
+    print(safetensors.torch.save(safetensors.torch.load_file(url, storage_options=options)) == local)
+"""
+
+
+def test_loads_work_in_a_process_that_imported_tensorflow(checkpoint: Path, tls_server_context):
+    pytest.importorskip("tensorflow")
+    context, cert = tls_server_context
+    with RangeServer() as plain, RangeServer(tls=context) as secure:
+        plain.put("/m.safetensors", checkpoint)
+        secure.put("/m.safetensors", checkpoint)
+        out = subprocess.run([sys.executable, "-c", LOAD_AFTER_TENSORFLOW, plain.url("/m.safetensors"),
+                              secure.url("/m.safetensors"), str(cert), str(checkpoint)],
+                             capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr[-3000:]
 
 
 def test_extra_headers_are_sent(http_model: Dict[str, Any]):

@@ -41,6 +41,7 @@ import email.utils
 import os
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -234,9 +235,9 @@ class RangeServer(LoopbackService):
     Construct it, use it, close it (or use it as a context manager); it listens from construction on. Attributes:
     `port`, `endpoint` ("http://127.0.0.1:PORT"). Safe for concurrent use by multiple threads."""
 
-    def __init__(self, *, idle_timeout: float = 60.0) -> None:
+    def __init__(self, *, idle_timeout: float = 60.0, tls: Optional[ssl.SSLContext] = None) -> None:
         """Starts listening on a free loopback port. `idle_timeout`: seconds an idle keep-alive connection is
-        kept before the server closes it."""
+        kept before the server closes it. `tls`: a server context; the server then speaks HTTPS."""
         self._lock = threading.Lock()
         self._objects: dict[str, StoredObject] = {}
         self._redirects: dict[str, tuple[str, int]] = {}
@@ -247,8 +248,10 @@ class RangeServer(LoopbackService):
         self._closed = False
         handler = type("BoundRangeHandler", (RangeHandler,), {"owner": self, "timeout": idle_timeout})
         self._server = RangeHTTPServer(("127.0.0.1", 0), handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self.port: int = self._server.server_address[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"RangeServer:{self.port}"
         )
