@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import mmap
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,49 +30,21 @@ from safetensors._safe_open import reading_backend  # noqa: E402
 from safetensors.numpy import load_file as np_load_file  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+# The page-cache helpers the benchmarks use (torch-free: resident_fraction by mincore, evict, warm).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import worker as page_cache  # noqa: E402
+
+resident_fraction = page_cache.resident_fraction
+warm = page_cache.warm
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 AUTO_MIN = 64 << 20  # kAutoDirectMinBytes
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-
-
-def resident_fraction(path: Path) -> float:
-    """The fraction of the file's pages in the page cache, by mincore over a shared mapping (we own the file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value)
-        try:
-            pages = (size + PAGE - 1) // PAGE
-            vec = (ctypes.c_ubyte * pages)()
-            assert _libc.mincore(ctypes.c_void_p(addr), size, vec) == 0
-            return sum(b & 1 for b in bytes(vec)) / pages
-        finally:
-            _libc.munmap(ctypes.c_void_p(addr), size)
-    finally:
-        os.close(fd)
-
 
 def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    if resident_fraction(path) > 0.05:
+    """Drops the file from the page cache (bench/worker.py's evict), or skips where the kernel does not."""
+    if page_cache.evict(str(path)) > 0.05:
         pytest.skip(f"posix_fadvise(DONTNEED) does not evict {path} here")
-
-
-def warm(path: Path) -> None:
-    with open(path, "rb", buffering=0) as f:
-        while f.read(8 << 20):
-            pass
 
 
 def pattern(n: int, seed: int) -> torch.Tensor:

@@ -268,20 +268,9 @@ class FaultProxy(LoopbackService):
         self._connections = 0
         self._open_sockets: set[socket.socket] = set()
         self.hook_errors: list[BaseException] = []
-        self._server = ProxyTCPServer(("127.0.0.1", 0), ProxyHandler)
-        self._server.proxy = self
-        self.port: int = self._server.server_address[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"FaultProxy:{self.port}"
-        )
-        self._thread.start()
-
-    def __enter__(self) -> FaultProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        server = ProxyTCPServer(("127.0.0.1", 0), ProxyHandler)
+        server.proxy = self
+        self._serve(server, "FaultProxy")
 
     def close(self) -> None:
         """Interrupts stalls, stops serving, cuts every connection (client and upstream), joins every thread and

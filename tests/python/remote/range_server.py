@@ -45,7 +45,7 @@ import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, TypeVar, Union
 from urllib.parse import unquote, urlsplit
 
 CHUNK = 256 * 1024
@@ -195,14 +195,37 @@ class StoredObject:
     content_type: str
 
 
+_Service = TypeVar("_Service", bound="LoopbackService")
+
+
 class LoopbackService:
     """What a loopback server of these tests shares: its socketserver served by one thread, the connections it
-    holds open, and stopping it all. Subclasses set `_lock`, `_open_sockets`, `_server`, `_thread` and
-    `endpoint`."""
+    holds open, and stopping it all. Subclasses set `_lock` and `_open_sockets`, call `_serve` and define
+    `close`."""
 
     _lock: threading.Lock
     _open_sockets: set
     endpoint: str
+    port: int
+
+    def _serve(self, server: Any, name: str, scheme: str = "http") -> None:
+        """Starts serving `server` (bound to a free loopback port) on a thread of its own."""
+        self._server = server
+        self.port = server.server_address[1]
+        self.endpoint = f"{scheme}://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"{name}:{self.port}"
+        )
+        self._thread.start()
+
+    def __enter__(self: _Service) -> _Service:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     def _stop(self) -> None:
         """Stops serving, cuts every open connection, joins every thread and releases the port."""
@@ -247,21 +270,10 @@ class RangeServer(LoopbackService):
         self._open_sockets: set[socket.socket] = set()
         self._closed = False
         handler = type("BoundRangeHandler", (RangeHandler,), {"owner": self, "timeout": idle_timeout})
-        self._server = RangeHTTPServer(("127.0.0.1", 0), handler)
+        server = RangeHTTPServer(("127.0.0.1", 0), handler)
         if tls is not None:
-            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
-        self.port: int = self._server.server_address[1]
-        self.endpoint = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"RangeServer:{self.port}"
-        )
-        self._thread.start()
-
-    def __enter__(self) -> RangeServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
+        self._serve(server, "RangeServer", "https" if tls is not None else "http")
 
     def close(self) -> None:
         """Stops serving, cuts every open connection, joins every thread and releases the port. Idempotent."""
