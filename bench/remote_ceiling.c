@@ -6,6 +6,8 @@
      URL     the object's http:// URL (path-style for an S3 endpoint)
      SIZE    its size in bytes; THREADS parallel connections; CHUNK bytes per request
      SIGV4   CURLOPT_AWS_SIGV4's provider string ("aws:amz:us-east-1:s3"); USERPWD "KEY:SECRET"
+   With REMOTE_CEILING_FRESH=1 in the environment the memory is not touched first: each page is faulted in
+   (and zeroed by the kernel) as the bodies land, as a load's fresh tensors are.
    Prints one JSON line: {"seconds": ..., "bytes": ...}. Exits 1 on any failed request. */
 #define _POSIX_C_SOURCE 200809L
 
@@ -95,7 +97,10 @@ int main(int argc, char** argv) {
   if (threads == 0 || threads > 256 || chunk == 0) return 2;
   buffer = malloc(size);
   if (!buffer) return 1;
-  memset(buffer, 1, size); /* pre-faulted: the ceiling does not pay for fresh memory */
+  const char* fresh = getenv("REMOTE_CEILING_FRESH");
+  if (fresh == NULL || strcmp(fresh, "1") != 0) {
+    memset(buffer, 1, size); /* pre-faulted: the ceiling does not pay for fresh memory */
+  }
   curl_global_init(CURL_GLOBAL_DEFAULT);
   pthread_t tids[256];
   struct timespec t0, t1;

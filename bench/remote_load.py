@@ -12,6 +12,8 @@ round:
             load_file(backend="pread") of it
   ceiling   bench/remote_ceiling.c: raw parallel range requests (16 connections, 16 MiB each) for the whole
             object into pre-faulted memory, from the same server
+  fresh     the same requests into fresh memory (faulted in as the bodies land, as a load's new tensors are):
+            what the network path costs once fresh memory is paid for
 All of them read the same object from the same server with the same credentials (the AWS environment
 variables). Reported per implementation: wall time (min / median / max), bytes fetched where the client counts
 them (ours: File.source_stats()), and peak RSS above the tensors (VmHWM after the load minus RSS before it minus
@@ -37,7 +39,7 @@ ROOT = HERE.parent
 PEERS_DIR = ROOT / "build" / "bench-peers"
 MiB = 1 << 20
 GiB = 1 << 30
-IMPLS = ["ours", "runai", "boto3", "ceiling"]
+IMPLS = ["ours", "runai", "boto3", "ceiling", "fresh"]
 CONNECTIONS = 16
 PART = 16 * MiB
 
@@ -126,11 +128,12 @@ def make_checkpoint(path: Path, size: int, tensors: int) -> int:
 
 def run_one(impl: str, url: str, env: Dict[str, str], scratch: str, ceiling: Path, size: int,
             s3: Any) -> Dict[str, Any]:
-    if impl == "ceiling":
+    if impl in ("ceiling", "fresh"):
         bucket_key = url[len("s3://"):]
         proc = subprocess.run([str(ceiling), f"{s3.endpoint}/{bucket_key}", str(size), str(CONNECTIONS), str(PART),
                                "aws:amz:us-east-1:s3", f"{s3.access_key}:{s3.secret_key}"],
-                              capture_output=True, text=True, timeout=900)
+                              capture_output=True, text=True, timeout=900,
+                              env=dict(os.environ, REMOTE_CEILING_FRESH="1" if impl == "fresh" else "0"))
         if proc.returncode != 0:
             raise RuntimeError(f"remote_ceiling failed: {proc.stderr}")
         result = json.loads(proc.stdout)
@@ -167,7 +170,8 @@ def markdown(results: Dict[str, Any]) -> str:
     ]
     names = {"ours": "this package, `load_file(\"s3://...\")`", "runai": "Run:ai model streamer 0.17.0, S3 backend",
              "boto3": "boto3 1.44.8 download (16 threads) + `load_file(backend=\"pread\")`",
-             "ceiling": "ceiling: raw parallel range requests (16 x 16 MiB) into pre-faulted memory"}
+             "ceiling": "ceiling: raw parallel range requests (16 x 16 MiB) into pre-faulted memory",
+             "fresh": "the same raw requests into fresh memory (faulted in as bodies land)"}
     for impl in IMPLS:
         if impl not in rows:
             continue
@@ -184,6 +188,9 @@ def markdown(results: Dict[str, Any]) -> str:
     if ours and ceiling:
         share = ceiling["median"] / ours["median"]
         lines.append(f"- Share of the ceiling (target >= 90%): {share:.0%}, {'met' if share >= 0.9 else 'not met'}.")
+    fresh = rows.get("fresh")
+    if ours and fresh:
+        lines.append(f"- Share of the same requests into fresh memory: {fresh['median'] / ours['median']:.0%}.")
     if ours and "bytes_fetched" in ours:
         ratio = ours["bytes_fetched"] / needed
         lines.append(f"- Bytes fetched / bytes needed (target <= 1.01): {ratio:.4f}, "
