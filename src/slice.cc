@@ -114,13 +114,17 @@ Result<SlicePlan> SlicePlan::make(Dtype dtype, std::span<const std::uint64_t> sh
   plan.dtype_ = dtype;
   std::uint64_t out_numel = 1;
   i128 first = 0;
+  // A tensor with no elements has no element to start at: its strides are products that may have wrapped
+  // (a 0 in front of huge axes), and an index into a huge axis times one of them overflows even 128 bits.
+  const bool no_elements = *numel == 0;
   for (std::size_t d = 0; d < ndim; ++d) {
     const AxisSpec& a = axes[d];
-    first += i128(a.start) * stride[d];  // a.start < shape[d] where count > 0: the sum stays below numel
+    // a.start < shape[d] where count > 0: the sum stays below numel.
+    if (!no_elements) first += i128(a.start) * stride[d];
     if (a.keep) {
       plan.shape_.push_back(a.count);
       // |step| < shape[d] where count > 1 (else 1), so |step * stride| <= numel.
-      const i128 view_stride = i128(a.step) * stride[d];
+      const i128 view_stride = no_elements ? 0 : i128(a.step) * stride[d];
       if (view_stride > INT64_MAX || view_stride < INT64_MIN) return slice_error("step too large");
       plan.strides_.push_back(static_cast<std::int64_t>(view_stride));
     }
