@@ -1,6 +1,6 @@
 // What the parts of _safetensors_cpp share (module.cc, engine_binding.cc, sharded_binding.cc): the one error
 // path into Python (errors.cc), the one way the GIL is released, and the conversions of arguments every part
-// takes (module.cc).
+// takes (common.cc).
 #ifndef SAFETENSORS_PYTHON_COMMON_H_
 #define SAFETENSORS_PYTHON_COMMON_H_
 
@@ -16,6 +16,7 @@
 
 #include "safetensors/error.h"
 #include "safetensors/file.h"
+#include "safetensors/slice.h"
 #include "safetensors/source.h"
 #include "safetensors/writer.h"
 
@@ -58,7 +59,7 @@ inline void check(Status s, Op op = Op::kOther) {
   if (!s.ok()) raise_error(std::move(s).error(), op);
 }
 
-// "mmap" or "pread"; anything else raises SafetensorError naming the choices.
+// "mmap", "pread", "direct" or "auto"; anything else raises SafetensorError naming the choices.
 Backend parse_backend(const std::string& name);
 
 // Remote options as (key, value) text pairs, as safetensors._core.remote_pairs() makes them from a
@@ -67,6 +68,13 @@ using RemotePairs = std::vector<std::pair<std::string, std::string>>;
 // The options of an open: the backend, the header cap and the remote options. Raises SafetensorError for a
 // bad backend or option.
 OpenOptions open_options(const std::string& backend, std::uint64_t max_header_bytes, const RemotePairs& remote);
+
+// An index expression, a sequence of Python ints, slices and Ellipsis (numpy's basic indexing), as the
+// slicer's indices; raises SafetensorError for anything else.
+std::vector<SliceIndex> to_indices(nanobind::handle spec);
+
+// A tuple of Python ints.
+nanobind::tuple shape_tuple(std::span<const std::uint64_t> shape);
 
 // (code, shape, begin, end) -- begin/end relative to the data buffer.
 nanobind::tuple info_tuple(const TensorInfo& t);

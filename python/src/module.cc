@@ -39,6 +39,7 @@
 #include "dtype_binding.h"
 #include "engine_binding.h"
 #include "sharded_binding.h"
+#include "write_binding.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -105,57 +106,6 @@ const char* backend_name(Backend b) {
   return "unknown";
 }
 
-nb::tuple shape_tuple(std::span<const std::uint64_t> shape) {
-  nb::object t = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(shape.size())));
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromUnsignedLongLong(shape[i]));
-  }
-  return nb::borrow<nb::tuple>(t);
-}
-
-// A Python int (or anything with __index__) as the slicer's 64-bit position. A bound beyond 64 bits is
-// equivalent to the limit (Python clamps slices), and an integer index beyond them is out of bounds either way.
-std::int64_t clamped_index(nb::handle value) {
-  nb::object index = nb::steal(PyNumber_Index(value.ptr()));
-  if (!index.is_valid()) throw nb::python_error();
-  int overflow = 0;
-  const long long i = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  if (overflow != 0) return overflow > 0 ? INT64_MAX : INT64_MIN;
-  if (i == -1 && PyErr_Occurred()) throw nb::python_error();
-  return i;
-}
-
-std::optional<std::int64_t> slice_bound(nb::handle value) {
-  if (value.is_none()) return std::nullopt;
-  if (!PyIndex_Check(value.ptr())) {
-    raise_message(Error::Kind::kInvalidSlice,
-                  "slice indices must be integers or None or have an __index__ method (got " +
-                      std::string(nb::type_name(value.type()).c_str()) + ")");
-  }
-  return clamped_index(value);
-}
-
-// An index expression of Python objects: integers, slices and Ellipsis, numpy's basic indexing. (The layers
-// numpy adds on top -- None, one integer list -- are resolved in python/safetensors/_slicing.py.)
-std::vector<SliceIndex> to_indices(nb::handle spec) {
-  std::vector<SliceIndex> out;
-  for (nb::handle item : spec) {
-    if (item.is(Py_Ellipsis)) {
-      out.push_back(SliceIndex::ellipsis());
-    } else if (PySlice_Check(item.ptr())) {
-      out.push_back(SliceIndex::range(slice_bound(item.attr("start")), slice_bound(item.attr("stop")),
-                                      slice_bound(item.attr("step"))));
-    } else if (PyIndex_Check(item.ptr()) && !PyBool_Check(item.ptr())) {
-      out.push_back(SliceIndex::at(clamped_index(item)));
-    } else {
-      raise_message(Error::Kind::kInvalidSlice,
-                    "only integers, slices (`:`) and ellipsis (`...`) are valid indices here (got " +
-                        std::string(nb::type_name(item.type()).c_str()) + ")");
-    }
-  }
-  return out;
-}
-
 // The zero-copy view of `t`, or nullopt where the file has none: File::view's one failure for a tensor of the
 // file is the pread backend's (no mapping).
 std::optional<TensorView> mapped_view(const File& f, const TensorInfo& t) {
@@ -190,46 +140,6 @@ std::vector<const TensorInfo*> selected(const File& f, const std::optional<std::
 }
 
 }  // namespace
-
-// -- common.h ---------------------------------------------------------------------------------------------
-
-Backend parse_backend(const std::string& name) {
-  if (name == "mmap") return Backend::kMmap;
-  if (name == "pread") return Backend::kPread;
-  if (name == "direct") return Backend::kDirect;
-  if (name == "auto") return Backend::kAuto;
-  raise_message(Error::Kind::kInvalidArgument,
-                "backend \"" + name + "\" is invalid (expected one of: \"mmap\", \"pread\", \"direct\", \"auto\")");
-}
-
-OpenOptions open_options(const std::string& backend, std::uint64_t max_header_bytes, const RemotePairs& remote) {
-  OpenOptions options;
-  options.backend = parse_backend(backend);
-  options.max_header_bytes = max_header_bytes;
-  for (const auto& [key, value] : remote) check(options.remote.set(key, value));
-  return options;
-}
-
-nb::tuple info_tuple(const TensorInfo& t) {
-  return nb::make_tuple(nb::str(dtype_code(t.dtype).data(), dtype_code(t.dtype).size()), shape_tuple(t.shape), t.begin,
-                        t.end);
-}
-
-std::vector<TensorData> to_tensor_data(const std::vector<PyTensorSpec>& specs) {
-  std::vector<TensorData> out;
-  out.reserve(specs.size());
-  for (const auto& [name, code, shape, ptr, len] : specs) {
-    auto dt = dtype_from_code(code);
-    if (!dt) raise_error(Error::invalid_argument("", "unknown dtype code \"" + code + "\""));
-    out.push_back({name, *dt, shape, std::span<const std::byte>(reinterpret_cast<const std::byte*>(ptr), len)});
-  }
-  return out;
-}
-
-std::optional<Metadata> to_metadata(const PyMetadata& md) {
-  if (!md) return std::nullopt;
-  return Metadata(md->begin(), md->end());
-}
 
 }  // namespace safetensors::python
 
@@ -537,32 +447,7 @@ NB_MODULE(_safetensors_cpp, m) {
 
   m.def("is_remote_location", &is_remote_location, "location"_a,
         "True for the http://, https:// and s3:// URLs the library opens as remote sources.");
-  m.def(
-      "serialize",
-      [](const std::vector<PyTensorSpec>& specs,
-         const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata) {
-        std::vector<TensorData> tensors = to_tensor_data(specs);
-        WritePlan plan = check(WritePlan::make(tensors, to_metadata(metadata)), Op::kSerialize);
-        nb::object out = nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(plan.total_size())));
-        if (!out.is_valid()) throw nb::python_error();
-        std::span<std::byte> dst(reinterpret_cast<std::byte*>(PyBytes_AsString(out.ptr())),
-                                 static_cast<std::size_t>(plan.total_size()));
-        check(without_gil([&] { return serialize_into(plan, tensors, dst); }), Op::kSerialize);
-        return nb::borrow<nb::bytes>(out);
-      },
-      "tensors"_a, "metadata"_a = nb::none(),
-      "Serializes [(name, dtype code, shape, data_ptr, data_len)] to bytes. Releases the GIL while copying.");
-
-  m.def(
-      "serialize_file",
-      [](const std::vector<PyTensorSpec>& specs, const std::string& path,
-         const std::optional<std::vector<std::pair<std::string, std::string>>>& metadata, bool fsync) {
-        std::vector<TensorData> tensors = to_tensor_data(specs);
-        std::optional<Metadata> md = to_metadata(metadata);
-        check(without_gil([&] { return save_file(path, tensors, md, WriteOptions{.fsync = fsync}); }), Op::kSerialize);
-      },
-      "tensors"_a, "path"_a, "metadata"_a = nb::none(), "fsync"_a = false,
-      "Writes [(name, dtype code, shape, data_ptr, data_len)] to path atomically. Releases the GIL.");
+  bind_write(m);
 
   bind_dtypes(m);
 

@@ -19,12 +19,15 @@
 #include "remote/curl_api.h"
 #include "remote/http_response.h"
 #include "remote/s3_config.h"
+#include "remote/transfer.h"
+#include "remote/url.h"
 #include "safetensors/remote.h"
 
 namespace safetensors {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::Attempt;
 using internal::CurlApi;
 using internal::HttpResponse;
 
@@ -47,82 +50,6 @@ struct Pin {
   std::string etag;           // as the server sent it, quotes included; empty when none
   std::string last_modified;  // the HTTP date, when there was no strong ETag
 };
-
-// One attempt's state, shared with libcurl's callbacks.
-struct Attempt {
-  std::byte* dst = nullptr;
-  std::uint64_t offset = 0;  // object offset of dst[0]
-  std::uint64_t want = 0;
-  std::uint64_t got = 0;
-  // Body bytes received, including any not kept (an error body, bytes past the range).
-  std::uint64_t received = 0;
-  HttpResponse response;
-  // Why the transfer was aborted from a callback (CURLE_WRITE_ERROR / CURLE_ABORTED_BY_CALLBACK).
-  enum class Abort { kNone, kEnough, kRangeIgnored, kWrongRange, kStalled, kDeadline } abort = Abort::kNone;
-  Clock::time_point last_progress;
-  Clock::time_point deadline;
-  std::chrono::milliseconds stall{0};
-  curl_off_t last_dlnow = 0;
-};
-
-std::size_t on_header(char* data, std::size_t size, std::size_t count, void* user) {
-  auto* a = static_cast<Attempt*>(user);
-  a->response.add_header_line(std::string_view(data, size * count));
-  return size * count;
-}
-
-std::size_t on_body(char* data, std::size_t size, std::size_t count, void* user) {
-  auto* a = static_cast<Attempt*>(user);
-  const std::size_t n = size * count;
-  a->received += n;
-  HttpResponse& r = a->response;
-  if (r.status < 200 || r.status >= 300) {
-    r.add_error_body(std::string_view(data, n));
-    return n;
-  }
-  if (a->got == 0 && n > 0) {
-    // The first bytes of a success: does the body start where we asked?
-    if (r.status == 206) {
-      if (!r.range_first || *r.range_first != a->offset) {
-        a->abort = Attempt::Abort::kWrongRange;
-        return 0;
-      }
-    } else if (a->offset != 0) {
-      // 200 for a ranged request: the whole object follows. Only a read from its start can use it.
-      a->abort = Attempt::Abort::kRangeIgnored;
-      return 0;
-    }
-  }
-  const std::uint64_t room = a->want - a->got;
-  const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(room, n));
-  std::memcpy(a->dst + a->got, data, take);
-  a->got += take;
-  if (take < n) {
-    // More than asked for: a 200 carrying the whole object (the rest is not needed), or a server that
-    // ignored the range's end. Either way the bytes asked for are here.
-    a->abort = Attempt::Abort::kEnough;
-    return 0;
-  }
-  return n;
-}
-
-int on_progress(void* user, curl_off_t /*dltotal*/, curl_off_t dlnow, curl_off_t /*ultotal*/, curl_off_t /*ulnow*/) {
-  auto* a = static_cast<Attempt*>(user);
-  const auto now = Clock::now();
-  if (dlnow != a->last_dlnow) {
-    a->last_dlnow = dlnow;
-    a->last_progress = now;
-  }
-  if (now - a->last_progress > a->stall) {
-    a->abort = Attempt::Abort::kStalled;
-    return 1;
-  }
-  if (now > a->deadline) {
-    a->abort = Attempt::Abort::kDeadline;
-    return 1;
-  }
-  return 0;
-}
 
 // What an attempt came to.
 struct Outcome {
@@ -286,12 +213,12 @@ class RemoteSource final : public Source {
       c.easy_setopt(h, CURLOPT_AWS_SIGV4, target_.sigv4.c_str());
       c.easy_setopt(h, CURLOPT_USERPWD, target_.userpwd.c_str());
     }
-    c.easy_setopt(h, CURLOPT_HEADERFUNCTION, &on_header);
+    c.easy_setopt(h, CURLOPT_HEADERFUNCTION, &internal::on_header);
     c.easy_setopt(h, CURLOPT_HEADERDATA, &a);
-    c.easy_setopt(h, CURLOPT_WRITEFUNCTION, &on_body);
+    c.easy_setopt(h, CURLOPT_WRITEFUNCTION, &internal::on_body);
     c.easy_setopt(h, CURLOPT_WRITEDATA, &a);
     c.easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-    c.easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &on_progress);
+    c.easy_setopt(h, CURLOPT_XFERINFOFUNCTION, &internal::on_progress);
     c.easy_setopt(h, CURLOPT_XFERINFODATA, &a);
     const CURLcode rc = c.easy_perform(h);
     c.easy_setopt(h, CURLOPT_HTTPHEADER, static_cast<curl_slist*>(nullptr));
@@ -499,74 +426,13 @@ class RemoteSource final : public Source {
   mutable std::atomic<std::uint64_t> retries_{0};
 };
 
-bool starts_with_nocase(std::string_view s, std::string_view prefix) {
-  if (s.size() < prefix.size()) return false;
-  for (std::size_t i = 0; i < prefix.size(); ++i) {
-    const char a = s[i] >= 'A' && s[i] <= 'Z' ? static_cast<char>(s[i] - 'A' + 'a') : s[i];
-    if (a != prefix[i]) return false;
-  }
-  return true;
-}
-
-// The host of an http(s) URL, lower-cased, without port or user information.
-std::string host_of(std::string_view url) {
-  const auto scheme = url.find("://");
-  if (scheme == std::string_view::npos) return {};
-  std::string_view rest = url.substr(scheme + 3);
-  rest = rest.substr(0, rest.find_first_of("/?#"));
-  if (const auto at = rest.rfind('@'); at != std::string_view::npos) rest = rest.substr(at + 1);
-  rest = rest.substr(0, rest.find(':'));
-  std::string host(rest);
-  for (char& ch : host) ch = ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch - 'A' + 'a') : ch;
-  return host;
-}
-
-bool is_hub_host(const std::string& host) {
-  for (std::string_view base : {"huggingface.co", "hf.co"}) {
-    if (host == base) return true;
-    if (host.size() > base.size() && host.ends_with(base) && host[host.size() - base.size() - 1] == '.') return true;
-  }
-  return false;
-}
-
 }  // namespace
-
-bool is_remote_location(std::string_view location) {
-  return starts_with_nocase(location, "http://") || starts_with_nocase(location, "https://") ||
-         starts_with_nocase(location, "s3://");
-}
-
-std::string redact_url(std::string_view url) {
-  std::string_view s = url.substr(0, url.find_first_of("?#"));
-  const auto scheme = s.find("://");
-  if (scheme == std::string_view::npos) return std::string(s);
-  const std::size_t host_start = scheme + 3;
-  const std::size_t path_start = std::min(s.find('/', host_start), s.size());
-  const auto at = s.substr(host_start, path_start - host_start).rfind('@');
-  if (at == std::string_view::npos) return std::string(s);
-  return std::string(s.substr(0, host_start)) + std::string(s.substr(host_start + at + 1));
-}
-
-std::string resolve_location(std::string_view base, std::string_view relative) {
-  if (!is_remote_location(base)) {
-    const auto slash = base.rfind('/');
-    if (slash == std::string_view::npos) return std::string(relative);
-    return std::string(base.substr(0, slash + 1)) + std::string(relative);
-  }
-  const auto query = base.find_first_of("?#");
-  const std::string_view path = base.substr(0, query);
-  const std::string_view tail = query == std::string_view::npos ? std::string_view() : base.substr(query);
-  const auto slash = path.rfind('/');
-  // "s3://bucket" + "/" at least: an URL always has a slash after its scheme.
-  return std::string(path.substr(0, slash + 1)) + internal::percent_encode_path(relative) +
-         std::string(tail.substr(0, tail.find('#')));
-}
 
 Result<std::shared_ptr<const Source>> open_remote_source(const std::string& url, const RemoteOptions& options) {
   const std::string name = redact_url(url);
   Target target;
   std::string_view kind;
-  if (starts_with_nocase(url, "s3://")) {
+  if (internal::starts_with_nocase(url, "s3://")) {
     SAFETENSORS_ASSIGN_OR_RETURN(internal::S3Request s3, internal::resolve_s3(url, options));
     target.url = std::move(s3.url);
     target.sigv4 = std::move(s3.sigv4);
@@ -576,7 +442,7 @@ Result<std::shared_ptr<const Source>> open_remote_source(const std::string& url,
   } else if (is_remote_location(url)) {
     target.url = url;
     std::string token = options.bearer_token;
-    if (token.empty() && is_hub_host(host_of(url))) {
+    if (token.empty() && internal::is_hub_host(internal::host_of(url))) {
       token = internal::process_env("HF_TOKEN").value_or(internal::process_env("HUGGING_FACE_HUB_TOKEN").value_or(""));
     }
     if (!token.empty()) target.headers.push_back("Authorization: Bearer " + token);

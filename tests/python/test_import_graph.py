@@ -161,3 +161,23 @@ def test_the_checker_sees_circles_lazy_imports_and_private_names(tmp_path):
     assert "import circle: safetensors.a <-> safetensors.b" in found
     assert any("imports _hidden from safetensors.c" in p for p in found)
     assert any("uses safetensors.a._secret" in p for p in found)
+
+
+# Issue 28's size rule: a source file holds one concept, and no file in src/ or python/ runs past 500 lines. The
+# generated stub of the native module is as long as the module's API (nanobind.stubgen writes it).
+MAX_LINES = 500
+LONG_BY_DESIGN = {"python/safetensors/_safetensors_cpp.pyi"}
+
+
+def test_no_source_file_in_src_or_python_is_over_500_lines():
+    root = PACKAGE_DIR.parents[1]
+    long = []
+    for top in ("src", "python"):
+        for path in sorted((root / top).rglob("*")):
+            if path.suffix not in (".cc", ".h", ".c", ".py", ".pyi") or not path.is_file():
+                continue
+            relative = path.relative_to(root).as_posix()
+            lines = path.read_text(encoding="utf-8").count("\n")
+            if lines > MAX_LINES and relative not in LONG_BY_DESIGN:
+                long.append(f"{relative}: {lines} lines")
+    assert long == [], "split these along their seams:\n" + "\n".join(long)
