@@ -1,7 +1,8 @@
 // _safetensors_cpp: the one thin binding between Python and the C++ library.
 //
-// Declarative defs over the C++ API, split by concern: this file holds the definitions and the argument
-// conversions, errors.cc the translation of every Error into a Python exception, export.cc the one way tensor
+// Declarative defs over the C++ API, split by concern: this file holds the definitions, common.cc the argument
+// conversions, write_binding.cc saving, errors.cc the translation of every Error into a Python exception, the
+// dtype, engine and sharded bindings their parts, export.cc the one way tensor
 // bytes leave without a copy (an nb::ndarray over a File::view or an owned read, whose owner keeps the memory
 // alive). Every read and write releases the GIL through without_gil (common.h) and touches no Python object
 // while it is released.
