@@ -2,10 +2,9 @@
 //
 // Declarative defs over the C++ API, split by concern: this file holds the definitions, common.cc the argument
 // conversions, write_binding.cc saving, errors.cc the translation of every Error into a Python exception, the
-// dtype, engine and sharded bindings their parts, export.cc the one way tensor
-// bytes leave without a copy (an nb::ndarray over a File::view or an owned read, whose owner keeps the memory
-// alive). Every read and write releases the GIL through without_gil (common.h) and touches no Python object
-// while it is released.
+// dtype, engine and sharded bindings their parts, and export.cc the one way tensor bytes leave without a copy (an
+// nb::ndarray over a File::view or an owned read, whose owner keeps the memory alive). Every read and write
+// releases the GIL through without_gil (common.h) and touches no Python object while it is released.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
