@@ -3,9 +3,10 @@
 The reference loads to CUDA only; this loads to every device torch knows with the same semantics: ``cpu``
 (tensors in memory of their own), ``cuda``, ``npu``, ``xpu``, any PrivateUse1 backend, and ``meta``.
 
-A plan names tensors, whole or as rows ``[start, stop)`` of the first dimension (a contiguous byte range of
-the file). Every planned piece is validated before anything is read or allocated (``plan_pieces``, which the
-distributed loader's plans go through too). Then the C++ loading engine (``_engine.py`` over
+A plan names tensors, whole, as rows ``[start, stop)`` of the first dimension (a contiguous byte range of the
+file) or as a box (a tuple of slices, one per leading dimension: strided runs, read by the library's slice
+reader on a thread of their own). Every planned piece is validated before anything is read or allocated
+(``_plan.plan_pieces``, which the distributed loader's plans go through too). Then the C++ loading engine (``_engine.py`` over
 include/safetensors/engine.h) fills them:
 
 - to the CPU, its ``threads`` reader threads write each piece straight into a fresh tensor (positional reads,
@@ -21,99 +22,13 @@ Each piece is its own allocation: it is freed once taken and dropped; pieces not
 from __future__ import annotations
 
 import collections
-import operator
 import threading
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import _safetensors_cpp as _cpp
+from ._plan import Piece, checked_plan, plan_pieces, read_box
 from ._safetensors_cpp import SafetensorError
 
 __all__ = ["Piece", "PrefetchLoader", "TensorStream", "checked_plan", "plan_pieces"]
-
-#: A piece: a tensor's byte range in a load plan (engine.h's Piece) -- the whole tensor, or rows [start, stop)
-#: of its first dimension -- as (code, shape, begin, end): the shape of what it holds, data-buffer offsets.
-Piece = Tuple[str, Tuple[int, ...], int, int]
-
-
-def checked_plan(plan: Any) -> Dict[str, Optional[slice]]:
-    """``plan`` (``{name: None | slice}``) as a dict, its keys and values checked: the one set of texts for
-    every plan (prefetch, the distributed loader)."""
-    if not isinstance(plan, Mapping):
-        raise SafetensorError(f"prefetch plan must be a dict of tensor names to None or a slice, got "
-                              f"{type(plan).__name__}")
-    chosen: Dict[str, Optional[slice]] = {}
-    for name, rows in plan.items():
-        if not isinstance(name, str):
-            raise SafetensorError("prefetch plan keys must be tensor names")
-        if rows is not None and not isinstance(rows, slice):
-            raise SafetensorError(f"prefetch plan values must be None or a slice, got {type(rows).__name__}")
-        chosen[name] = rows
-    return chosen
-
-
-def plan_pieces(file: Any, plan: Optional[Mapping[str, Optional[slice]]], *, names: Optional[Sequence[str]] = None,
-                empty_ok: bool = False) -> List[Tuple[str, Piece]]:
-    """The pieces ``plan`` names in ``file`` (a ``_safetensors_cpp.File``), in file order, as torch can hold
-    them; every error of the plan is raised here, before any I/O.
-
-    ``plan``: None takes every tensor of ``names`` (default: every tensor of the file) whole; else
-    ``{name: None | slice}``, a slice taking rows ``[start, stop)`` of the first dimension (step 1; negative
-    bounds count from the end; never clamped). A plan that selects nothing is refused unless ``empty_ok``."""
-    from ._torch_types import torch_dtype, torch_shape
-
-    if plan is None:
-        chosen: Dict[str, Optional[slice]] = dict.fromkeys(file.offset_keys() if names is None else names)
-    else:
-        chosen = checked_plan(plan)
-        for name in chosen:
-            if name not in file:
-                file.info(name)  # the reference's "File does not contain tensor NAME"
-        if not chosen and not empty_ok:
-            raise SafetensorError("prefetch plan selects no tensors")
-    pieces = []
-    for name, (code, shape, begin, end) in file.infos():
-        if name not in chosen:
-            continue
-        torch_dtype(code)  # a dtype torch lacks (F6) fails here
-        rows = chosen[name]
-        if rows is not None:
-            begin, end, shape = _rows(file, name, shape, rows)
-        torch_shape(code, shape)  # so do packed F4 rows torch cannot hold
-        pieces.append((name, (code, shape, begin, end)))
-    return pieces
-
-
-def _rows(file: Any, name: str, shape: Tuple[int, ...], rows: slice) -> Tuple[int, int, Tuple[int, ...]]:
-    """The data-buffer range and the shape of rows ``rows`` of tensor ``name``."""
-    if rows.step is not None and rows.step != 1:
-        if rows.step == 0:
-            raise SafetensorError(f"invalid prefetch plan slice for {name}: slice step cannot be zero")
-        raise SafetensorError(f"prefetch plan slices must have step 1, got {rows.step} (tensor {name})")
-    if not shape:
-        raise SafetensorError(f"cannot slice rows of the 0-d tensor {name}")
-    count = shape[0]
-    start = 0 if rows.start is None else _bound(rows.start, name)
-    stop = count if rows.stop is None else _bound(rows.stop, name)
-    # A plan is explicit: negative bounds count from the end, nothing is clamped.
-    start = start + count if start < 0 else start
-    stop = stop + count if stop < 0 else stop
-    if not 0 <= start <= stop <= count:
-        raise SafetensorError(
-            f"prefetch plan slice bounds for {name} are out of range (0..{count}): "
-            f"[{rows.start}:{rows.stop}] gives rows {start}..{stop}"
-        )
-    # The rows are one contiguous run of bytes (the engine's row_piece, which also refuses packed rows that do
-    # not fall on byte boundaries).
-    begin, end = _cpp.row_piece(file, name, start, stop)
-    return begin, end, (stop - start,) + tuple(shape[1:])
-
-
-def _bound(value: Any, name: str) -> int:
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise SafetensorError(f"invalid prefetch plan slice for {name}: bounds must be integers") from None
-
 
 class PrefetchLoader:
     """The tensors of one file loading in the background, returned by ``safe_open.prefetch``. Each tensor is
@@ -130,30 +45,39 @@ class PrefetchLoader:
         self._taken: set = set()
         self._closed = False
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._threads: List[threading.Thread] = []
         self._direct: Any = None
         from ._torch_types import empty
 
         if device.type == "meta":
-            for name, (code, shape, _, _) in pieces:
-                self._land([name], [empty(code, shape, device)])
+            for name, piece in pieces:
+                self._land([name], [empty(piece.code, piece.shape, device)])
             return
         # Every destination is allocated now (only the planned bytes); the engine fills them in the background.
         tensors = [_destination(piece, device, file) for _, piece in pieces]
+        for t, (name, piece) in zip(tensors, pieces):
+            if piece.end == piece.begin:
+                self._land([name], [t])
+        # Boxes of inner dimensions: strided runs, read by the library's slice reader on a thread of their own.
+        boxes = [(name, piece, t) for t, (name, piece) in zip(tensors, pieces) if piece.box is not None
+                 and piece.end > piece.begin]
+        runs = [(i, t, piece) for i, (t, (_, piece)) in enumerate(zip(tensors, pieces)) if piece.box is None
+                and piece.end > piece.begin]
+        work: List[Tuple[Any, tuple]] = []
+        if boxes:
+            work.append((self._load_boxes, (boxes, device)))
         if device.type == "cpu":
             from ._engine import DirectLoad
 
-            jobs = [(name, t.data_ptr(), piece[2], piece[3]) for t, (name, piece) in zip(tensors, pieces)
-                    if piece[3] > piece[2]]
-            for t, (name, piece) in zip(tensors, pieces):
-                if piece[3] == piece[2]:
-                    self._land([name], [t])
-            self._direct = DirectLoad(self._file, jobs, threads)
-            target, args = self._load_cpu, ([(n, t) for t, (n, p) in zip(tensors, pieces) if p[3] > p[2]],)
-        else:
-            target, args = self._load_device, (pieces, tensors, device)
-        self._thread = threading.Thread(target=target, args=args, daemon=True, name="safetensors-prefetch")
-        self._thread.start()
+            self._direct = DirectLoad(self._file, [(pieces[i][0], t.data_ptr(), p.begin, p.end) for i, t, p in runs],
+                                      threads)
+            work.append((self._load_cpu, ([(pieces[i][0], t) for i, t, _ in runs],)))
+        elif runs:
+            work.append((self._load_device, ([(pieces[i][0], t, p) for i, t, p in runs], device)))
+        for target, args in work:
+            thread = threading.Thread(target=target, args=args, daemon=True, name="safetensors-prefetch")
+            thread.start()
+            self._threads.append(thread)
 
     # -- background work ------------------------------------------------------------------------------------
     def _land(self, names: List[str], tensors: List[Any], error: Optional[BaseException] = None) -> None:
@@ -189,26 +113,36 @@ class PrefetchLoader:
         finally:
             self._direct.close()
 
-    def _load_device(self, pieces: List[Tuple[str, Piece]], tensors: List[Any], device: Any) -> None:
+    def _load_boxes(self, boxes: List[Tuple[str, Piece, Any]], device: Any) -> None:
+        import torch
+
+        try:
+            for name, piece, tensor in boxes:
+                if self._stop.is_set():
+                    return
+                host = tensor if device.type == "cpu" else torch.empty_like(tensor, device="cpu")
+                read_box(self._file, name, piece.box, host.data_ptr())
+                if host is not tensor:
+                    tensor.copy_(host)  # from pageable memory: complete when copy_ returns
+                self._land([name], [tensor])
+        except BaseException as e:  # delivered to whoever waits for these tensors
+            if not self._stop.is_set():
+                self._fail_rest(e)
+
+    def _load_device(self, runs: List[Tuple[str, Any, Piece]], device: Any) -> None:
         import torch
 
         from . import _engine
 
         # Through the engine's slabs; a tensor lands once its copies completed (ready on any stream).
-        planned = [(i, t, piece) for i, (t, (_, piece)) in enumerate(zip(tensors, pieces))]
-        for i, t, piece in planned:
-            if piece[3] == piece[2]:
-                self._land([pieces[i][0]], [t])
-        moving = [(i, t, piece) for i, t, piece in planned if piece[3] > piece[2]]
-        jobs = [(t.reshape(-1).view(torch.uint8), piece[2], piece[3]) for _, t, piece in moving]
+        jobs = [(t.reshape(-1).view(torch.uint8), piece.begin, piece.end) for _, t, piece in runs]
 
         def landed(job: int) -> None:
-            i = moving[job][0]
-            self._land([pieces[i][0]], [tensors[i]])
+            self._land([runs[job][0]], [runs[job][1]])
 
         try:
             _engine.stream_to_device(self._file, jobs, device, on_piece=landed, stop=self._stop,
-                                     names=[pieces[i][0] for i, _, _ in moving])
+                                     names=[name for name, _, _ in runs])
         except BaseException as e:
             if not self._stop.is_set():
                 self._fail_rest(e)
@@ -269,8 +203,8 @@ class PrefetchLoader:
             self._lock.notify_all()
         if self._direct is not None:
             self._direct.cancel()
-        if self._thread is not None:
-            self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
     def __enter__(self) -> "PrefetchLoader":
         return self
@@ -321,8 +255,8 @@ def _destination(piece: Piece, device: Any, file: Any) -> Any:
     direct reads land in it without a bounce (File.destination)."""
     from ._torch_types import empty, torch_dtype, torch_shape
 
-    code, shape, begin, end = piece
-    if device.type == "cpu" and file.backend == "direct" and end > begin:
+    code, shape, begin, end, box = piece
+    if device.type == "cpu" and file.backend == "direct" and end > begin and box is None:
         import torch
 
         raw = torch.from_dlpack(file.destination(begin, end - begin))

@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import _safetensors_cpp as _cpp
 from ._core import PathLike, SafetensorError, StorageOptions, TensorMeta, fspath, gc_paused, remote_pairs
-from ._prefetch import PrefetchLoader, plan_pieces
+from ._plan import PlanValue, plan_pieces
+from ._prefetch import PrefetchLoader
 from ._strategies import Reader, get_tensors
 
 __all__ = ["FRAMEWORK_MODULES", "PySafeSlice", "framework_adapter", "safe_open"]
@@ -150,13 +151,15 @@ class safe_open(_cpp.SafeOpenBase):
         code, shape, begin, end = self._open().file.info(name)
         return TensorMeta(code, list(shape), (begin, end))
 
-    def prefetch(self, plan: Optional[Dict[str, Optional[slice]]] = None, *, device: Any = None,
+    def prefetch(self, plan: Optional[Dict[str, PlanValue]] = None, *, device: Any = None,
                  threads: int = _cpp.DEFAULT_READER_THREADS) -> "PrefetchLoader":
         """Starts loading tensors in the background and returns at once.
 
         Args:
-            plan: ``None`` loads every tensor whole; else ``{name: None | slice}``, a slice taking rows
-                ``[start, stop)`` of the first dimension (step 1; negative bounds count from the end).
+            plan: ``None`` loads every tensor whole; else ``{name: None | slice | tuple of slices}``: a slice
+                takes rows ``[start, stop)`` of the first dimension, a tuple one slice per leading dimension
+                (``(slice(None), slice(128, 256))``: a shard of the second dimension, read as strided runs);
+                step 1, negative bounds count from the end, never clamped.
             device: where the tensors go (defaults to the handle's device): ``"cpu"``, ``"cuda:0"``,
                 ``"npu:1"``, an int (a device of the current accelerator), a ``torch.device``...
             threads: reader threads of this loader (CPU loads): any positive integer; at most 64 run (the

@@ -190,8 +190,9 @@ class Ranks:
 
 def spawn(tmp: Path, world: int, scenarios: List[Dict[str, Any]], *, prefix=None, env=None, store=True,
           deadline: float = SPAWN_DEADLINE, expect_exit: Optional[Dict[int, int]] = None,
-          pg_timeout: float = PG_TIMEOUT) -> Ranks:
-    """Runs ``world`` workers over ``scenarios``; every process is killed at ``deadline`` (the test fails)."""
+          pg_timeout: float = PG_TIMEOUT, worker: Path = WORKER) -> Ranks:
+    """Runs ``world`` workers (``worker``: a script taking SPEC.json OUT_DIR, as distributed/worker.py) over
+    ``scenarios``; every process is killed at ``deadline`` (the test fails)."""
     tmp.mkdir(parents=True, exist_ok=True)
     spec = tmp / "spec.json"
     spec.write_text(json.dumps({"scenarios": scenarios}))
@@ -208,7 +209,7 @@ def spawn(tmp: Path, world: int, scenarios: List[Dict[str, Any]], *, prefix=None
         for rank in range(world):
             log = open(tmp / f"rank{rank}.log", "w")
             logs.append(log)
-            cmd = (prefix[rank] if prefix else []) + [sys.executable, str(WORKER), str(spec), str(out)]
+            cmd = (prefix[rank] if prefix else []) + [sys.executable, str(worker), str(spec), str(out)]
             procs.append(subprocess.Popen(cmd, env=dict(base_env, RANK=str(rank), **((env or [{}] * world)[rank])),
                                           stdout=log, stderr=subprocess.STDOUT))
         end = time.monotonic() + deadline

@@ -93,7 +93,7 @@ def test_negative_bounds_count_from_the_end(path):
     "plan, message",
     [
         ({"nope": None}, "does not contain"),
-        ({"embed": 3}, "None or a slice"),
+        ({"embed": 3}, "None, a slice or a tuple of slices"),
         ({"embed": slice(0, 4, 2)}, "step 1"),
         ({"embed": slice(0, 4, 0)}, "invalid prefetch plan slice"),
         ({"scalar": slice(0, 1)}, "0-d"),

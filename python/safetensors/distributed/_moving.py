@@ -1,22 +1,31 @@
 """Step 4 of a distributed load on one rank: walking the schedule, reading this rank's chunks with the native
 positional reads and exchanging every chunk it needs over the process group, a window of them in flight.
 
-``read_chunk`` is the read seam (tests replace it to make a rank fail or die mid-load)."""
+Every piece's bytes land through a :class:`Landing`: straight into the rank's tensor where it has the file's
+dtype, is contiguous and lives on the communication device (chunks inside it are read or received in place),
+else copied in as they arrive, converted as ``Tensor.copy_`` converts (a bf16 file into f32 parameters, CPU
+bytes into a CUDA or NPU tensor).
+
+``read_chunk`` and ``read_part`` are the read seams (tests replace them to make a rank fail or die mid-load)."""
 
 from __future__ import annotations
 
 import bisect
 import collections
 import dataclasses
-from typing import Any, Deque, List, NamedTuple, Optional, Tuple
+from typing import Any, Deque, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from .. import _safetensors_cpp as _cpp
+from .._core import DTYPES, HOST_SWAPS
+from .._plan import read_box
+from .._torch_types import torch_dtype
 from ._group import Group, error_text
-from ._schedule import Chunk
+from ._schedule import Box, Chunk
 
-__all__ = ["LoadStats", "Mover", "read_chunk"]
+__all__ = ["Landing", "LoadStats", "Mover", "read_chunk", "read_part"]
 
 #: Chunks in flight per rank (each may hold one staging buffer of chunk_bytes).
 WINDOW = 8
@@ -42,6 +51,55 @@ class LoadStats:
     seconds: float = 0.0
 
 
+class Landing:
+    """Where one piece's bytes go on this rank. Bytes arrive in the file's order (little-endian values) and, for
+    one piece, at increasing offsets (the schedule's order), so a value cut between two chunks is completed
+    from the carried remainder."""
+
+    def __init__(self, dest: torch.Tensor, code: str, comm: torch.device) -> None:
+        self.dest = dest
+        self.code = code
+        self.dtype = torch_dtype(code)
+        same = dest.dtype == self.dtype and dest.device == comm and dest.is_contiguous()
+        #: A uint8 view of the destination the bytes land in as they are, else None (copied in by put).
+        self.direct: Optional[torch.Tensor] = dest.reshape(-1).view(torch.uint8) if same else None
+        self.target = dest if dest.is_contiguous() else torch.empty(dest.shape, dtype=dest.dtype, device=dest.device)
+        self.carry: Optional[torch.Tensor] = None
+
+    def put(self, offset: int, data: torch.Tensor) -> None:
+        """Bytes [offset, offset + len(data)) of the piece (file order); ``data`` is uint8 on any device."""
+        if self.direct is not None:
+            self.direct[offset : offset + data.numel()].copy_(data)
+            return
+        size = self.dtype.itemsize
+        if self.carry is not None:
+            data = torch.cat([self.carry, data.to(self.carry.device)])
+            offset -= self.carry.numel()
+            self.carry = None
+        whole = data.numel() // size * size
+        if data.numel() > whole:
+            self.carry = data[whole:].clone()
+        if not whole:
+            return
+        units = data[:whole]
+        if units.device.type != "cpu" or units.data_ptr() % size or self.code in HOST_SWAPS:
+            units = units.cpu().clone() if units.device.type == "cpu" else units.cpu()
+            if self.code in HOST_SWAPS:
+                _cpp.byteswap(units, DTYPES[self.code].swap_bytes)
+        first = offset // size
+        self.target.view(-1)[first : first + whole // size].copy_(units.view(self.dtype))
+
+    def finish(self) -> None:
+        """Once every byte landed: a non-contiguous destination gets its values; direct bytes become values."""
+        if self.target is not self.dest:
+            self.dest.copy_(self.target)
+        if self.direct is not None and self.code in HOST_SWAPS:
+            host = self.direct if self.direct.device.type == "cpu" else self.direct.cpu()
+            _cpp.byteswap(host, DTYPES[self.code].swap_bytes)
+            if host is not self.direct:
+                self.direct.copy_(host)
+
+
 class Staging:
     """Reused chunk-sized buffers on the communication device, for chunks that span several tensors."""
 
@@ -65,20 +123,26 @@ class Staging:
 class Pending(NamedTuple):
     works: List[Any]
     buffer: torch.Tensor
-    segments: List[Tuple[torch.Tensor, int, int, int]]  # (destination byte view, its offset, buffer offset, n)
-    staged: bool
+    segments: List[Tuple[Landing, int, int, int]]  # (landing, offset in the piece, buffer offset, n)
+    in_place: bool  # the buffer is the destination itself
 
 
 class Mover:
-    """Step 4 on one rank: walks the schedule, reading its chunks and exchanging all the ones it needs."""
+    """Step 4 on one rank: walks the schedule, reading its chunks and exchanging all the ones it needs.
 
-    def __init__(self, grp: Group, files: List[Any], views: List[List[Tuple[int, int, torch.Tensor]]],
-                 device: torch.device, chunk_bytes: int, stats: LoadStats) -> None:
+    ``views[f]`` are this rank's byte pieces of file ``f`` as (begin, end, landing), sorted; ``parts`` its
+    strided pieces, by (file, name, box)."""
+
+    def __init__(self, grp: Group, files: List[Any], views: List[List[Tuple[int, int, Landing]]],
+                 parts: Dict[Tuple[int, str, Box], Landing], device: torch.device, chunk_bytes: int,
+                 stats: LoadStats) -> None:
         self.grp = grp
         self.files = files
         self.views = views
+        self.parts = parts
         self.starts = [[b for b, _, _ in file_views] for file_views in views]
         self.staging = Staging(device, chunk_bytes)
+        self.device = device
         self.stats = stats
         self.failed: Optional[str] = None
         self.failed_cause: Optional[BaseException] = None
@@ -95,15 +159,18 @@ class Mover:
         while self.pending:
             self._finish(self.pending.popleft())
 
-    def _segments(self, chunk: Chunk) -> List[Tuple[torch.Tensor, int, int, int]]:
+    def _segments(self, chunk: Chunk) -> List[Tuple[Landing, int, int, int]]:
+        if chunk.part is not None:
+            name, box, _ = chunk.part
+            return [(self.parts[(chunk.file, name, box)], chunk.begin, 0, chunk.end - chunk.begin)]
         file_views, starts = self.views[chunk.file], self.starts[chunk.file]
         i = max(0, bisect.bisect_right(starts, chunk.begin) - 1)
         out = []
         while i < len(file_views) and file_views[i][0] < chunk.end:
-            begin, end, view = file_views[i]
+            begin, end, landing = file_views[i]
             lo, hi = max(begin, chunk.begin), min(end, chunk.end)
             if hi > lo:
-                out.append((view, lo - begin, lo - chunk.begin, hi - lo))
+                out.append((landing, lo - begin, lo - chunk.begin, hi - lo))
             i += 1
         # This rank needs the whole chunk (the schedule cut it so), and its pieces are disjoint.
         assert sum(n for *_, n in out) == chunk.end - chunk.begin, chunk
@@ -112,12 +179,9 @@ class Mover:
     def _start(self, chunk: Chunk) -> None:
         grp, me, n = self.grp, self.grp.rank, chunk.end - chunk.begin
         segments = self._segments(chunk)
-        staged = len(segments) != 1
-        if staged:
-            buffer = self.staging.get(n)
-        else:
-            view, offset, _, _ = segments[0]
-            buffer = view[offset : offset + n]
+        landing, offset, _, _ = segments[0]
+        in_place = len(segments) == 1 and landing.direct is not None
+        buffer = landing.direct[offset : offset + n] if in_place else self.staging.get(n)
         works: List[Any] = []
         everyone = len(chunk.needers) == grp.world
         if chunk.owner == me:
@@ -136,14 +200,17 @@ class Mover:
             else:
                 works.append(dist.irecv(buffer, src=src, group=grp.group))
             self.stats.bytes_received += n
-        self.pending.append(Pending(works, buffer, segments, staged))
+        self.pending.append(Pending(works, buffer, segments, in_place))
 
     def _read(self, chunk: Chunk, buffer: torch.Tensor) -> None:
         self.stats.chunks_read += 1
         if self.failed is not None:
             return  # the file failed already: take part with what the buffer holds, report at the end
         try:
-            read_chunk(self.files[chunk.file], chunk.begin, buffer)
+            if chunk.part is None:
+                read_chunk(self.files[chunk.file], chunk.begin, buffer)
+            else:
+                read_part(self.files[chunk.file], chunk.part[0], chunk.part[2], buffer)
         except Exception as e:
             self.failed, self.failed_cause = error_text(e), e
             return
@@ -152,9 +219,13 @@ class Mover:
     def _finish(self, pending: Pending) -> None:
         for work in pending.works:
             work.wait()
-        if pending.staged:
-            for view, offset, at, n in pending.segments:
-                view[offset : offset + n].copy_(pending.buffer[at : at + n])
+        if not pending.in_place:
+            if self.failed is None:
+                try:
+                    for landing, offset, at, n in pending.segments:
+                        landing.put(offset, pending.buffer[at : at + n])
+                except Exception as e:  # a conversion failed: reported at the end, as a read error is
+                    self.failed, self.failed_cause = error_text(e), e
             self.staging.put(pending.buffer)
 
 
@@ -168,4 +239,16 @@ def read_chunk(file: Any, offset: int, dst: torch.Tensor) -> None:
     from .. import _engine
 
     _engine.fill(file, [(dst, offset, offset + dst.numel())], dst.device)
+
+
+def read_part(file: Any, name: str, box: Box, dst: torch.Tensor) -> None:
+    """Reads the ``box`` of tensor ``name`` (packed, in the file's byte order, as read_chunk's bytes are) into
+    the uint8 tensor ``dst`` with the library's strided-run reader."""
+    host = dst if dst.device.type == "cpu" else torch.empty(dst.numel(), dtype=torch.uint8)
+    read_box(file, name, box, host.data_ptr())
+    code = file.info(name)[0]
+    if code in HOST_SWAPS:  # read_box gives native values: back to the file's order, as every chunk travels
+        _cpp.byteswap(host, DTYPES[code].swap_bytes)
+    if host is not dst:
+        dst.copy_(host)
 

@@ -10,12 +10,12 @@ from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Un
 
 from .. import _safetensors_cpp as _cpp
 from .._core import PathLike, SafetensorError, StorageOptions, fspath, remote_pairs
-from .._prefetch import Piece, checked_plan, plan_pieces
+from .._plan import Piece, PlanValue, checked_plan, plan_pieces
 from .._sharding import CheckpointError, resolve
 
 __all__ = ["Opened", "Planned", "Shard", "digest", "open_checkpoint", "open_file", "plan"]
 
-#: A tensor of this rank's plan: its name and its piece (the whole tensor or rows of it).
+#: A tensor of this rank's plan: its name and its piece (the whole tensor, rows of it, or a box).
 Planned = Tuple[str, Piece]
 
 
@@ -78,7 +78,7 @@ def _opened(sharded: Any, holder: Any) -> Opened:
     return Opened(shards, holder)
 
 
-def plan(opened: Opened, plan: Optional[Mapping[str, Optional[slice]]]) -> List[List[Planned]]:
+def plan(opened: Opened, plan: Optional[Mapping[str, PlanValue]]) -> List[List[Planned]]:
     """This rank's pieces of each shard, in file order (``plan`` None: every tensor whole; ``{}``: none)."""
     if plan is None:
         return [plan_pieces(shard.file, None, names=shard.names) for shard in opened.shards]

@@ -6,9 +6,13 @@ from __future__ import annotations
 import bisect
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-__all__ = ["Chunk", "Interval", "merge_intervals", "schedule"]
+__all__ = ["Chunk", "Interval", "Part", "merge_intervals", "schedule"]
 
 Interval = Tuple[int, int]  # [begin, end) in data-buffer offsets
+Box = Tuple[Tuple[int, int], ...]
+#: A piece read as strided runs: (where its span begins in the data buffer, tensor name, box, bytes of one index
+#: of the box's first dimension). Ranks needing the same box share it; its chunks are ranges of that dimension.
+Part = Tuple[int, str, Box, int]
 
 
 class Chunk(NamedTuple):
@@ -20,11 +24,14 @@ class Chunk(NamedTuple):
     end: int
     owner: int
     needers: Tuple[int, ...]
-
+    #: For a strided piece: (tensor name, the piece's box, the box of the rows this chunk holds); begin/end are
+    #: then offsets in the piece's packed bytes (C-contiguous, as the rank's tensor holds it), not in the file.
+    part: Optional[Tuple[str, Box, Box]] = None
 
 
 def schedule(needs: Sequence[Sequence[Sequence[Interval]]], data_offsets: Sequence[int], chunk_bytes: int,
-             boundaries: Optional[Sequence[Sequence[int]]] = None) -> List[Chunk]:
+             boundaries: Optional[Sequence[Sequence[int]]] = None,
+             parts: Optional[Sequence[Sequence[Sequence[Part]]]] = None) -> List[Chunk]:
     """The group's chunks, in the order every rank processes them.
 
     ``needs[r][f]`` are rank ``r``'s intervals of file ``f`` (sorted, disjoint, non-empty); ``data_offsets[f]``
@@ -34,6 +41,10 @@ def schedule(needs: Sequence[Sequence[Sequence[Interval]]], data_offsets: Sequen
     a quarter of ``chunk_bytes`` gets chunks of its own (they land in it without staging), cut inside at
     multiples of ``chunk_bytes`` in file offsets (page-aligned; see ``_cut``); smaller tensors share chunks of
     up to ``chunk_bytes``.
+
+    ``parts[r][f]`` (optional) are rank ``r``'s strided pieces of file ``f``: the ranks naming the same box
+    share it, each range of about ``chunk_bytes`` of its first dimension one chunk (after the file's byte
+    chunks), read by one of them. Boxes that overlap without being equal are read once per box.
     """
     world = len(needs)
     assigned = [0] * world
@@ -64,6 +75,19 @@ def schedule(needs: Sequence[Sequence[Sequence[Interval]]], data_offsets: Sequen
                     group_end = e
             if group_end > group_begin:
                 emit(f, group_begin, group_end, needers)
+        sharing: dict = {}
+        for rank, rank_parts in enumerate(parts or []):
+            for part in (rank_parts[f] if f < len(rank_parts) else []):
+                sharing.setdefault(tuple(part), []).append(rank)
+        for (_, name, box, row_bytes), ranks in sorted(sharing.items()):
+            rows = box[0][1] - box[0][0]
+            step = max(1, chunk_bytes // max(1, row_bytes))
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                owner = min(ranks, key=lambda r: (assigned[r], r))
+                assigned[owner] += (r1 - r0) * row_bytes
+                rows_box = ((box[0][0] + r0, box[0][0] + r1),) + tuple(box[1:])
+                out.append(Chunk(f, r0 * row_bytes, r1 * row_bytes, owner, tuple(sorted(ranks)), (name, box, rows_box)))
     return out
 
 
