@@ -216,3 +216,35 @@ def test_meta_device(path):
     with safe_open(path, "pt") as f, f.prefetch({"embed": slice(1, 3)}, device="meta") as loader:
         t = loader.take("embed")
         assert t.device.type == "meta" and t.shape == (2, 16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tuple_of_slices_takes_a_box_of_the_leading_dimensions(path, backend):
+    boxes = {
+        "embed": (slice(None), slice(4, 12)),  # a shard of the inner dimension: strided runs
+        "half": (slice(2, 3), slice(1, 3)),  # one row's columns: one run
+        "double": (slice(1, -1),),  # rows, as a 1-tuple
+        "bias": (slice(-4, None),),
+        "flags": (),  # nothing narrowed: the whole tensor
+        "empty": (slice(0, 0), slice(1, 2)),
+    }
+    with safe_open(path, "pt", backend=backend) as f:
+        with f.prefetch(boxes, threads=2) as loader:
+            got = dict(loader)
+        assert got.keys() == boxes.keys()
+        for name, box in boxes.items():
+            assert same(got[name], f.get_slice(name)[box]), name
+
+
+@pytest.mark.parametrize("plan, message", [
+    ({"embed": (slice(0, 4), slice(0, 4), slice(0, 1))}, "has 3 slices but the tensor has 2 dimensions"),
+    ({"embed": (slice(None), slice(0, 17))}, "out of range (0..16)"),
+    ({"embed": (slice(None), slice(0, 4, 2))}, "step 1"),
+    ({"embed": (slice(None), 3)}, "None, a slice or a tuple of slices"),
+    ({"scalar": (slice(0, 1),)}, "0-d"),
+])
+def test_box_plans_are_checked_before_anything_is_read(path, plan, message):
+    with safe_open(path, "pt") as f:
+        with pytest.raises(SafetensorError) as e:
+            f.prefetch(plan)
+        assert message in str(e.value)

@@ -85,6 +85,15 @@ def test_handle_device_is_the_default_and_rows_come_back_as_rows(tmp_path, path)
     assert raw(ids) == raw(cpu.get_tensor("ids")[-5:])
 
 
+def test_a_box_of_an_inner_dimension_lands_on_the_device(path):
+    with safe_open(path, "pt", device="npu:1") as f, safe_open(path, "pt") as cpu:
+        with f.prefetch({"embed": (slice(100, 200), slice(16, 48)), "half": (slice(None), slice(0, 4))}) as loader:
+            got = dict(loader)
+        for name, box in [("embed", (slice(100, 200), slice(16, 48))), ("half", (slice(None), slice(0, 4)))]:
+            assert got[name].device == torch.device("npu:1")
+            assert raw(got[name]) == raw(cpu.get_slice(name)[box]), name
+
+
 def test_a_truncated_file_raises_naming_file_and_tensor(path):
     data_offset = _cpp.File(str(path), "pread").data_offset
     with safe_open(path, "pt", backend="pread") as f:
