@@ -216,6 +216,16 @@ def serialize_file(tensors: Sequence[tuple[str, str, Sequence[int], int, int]], 
     Writes [(name, dtype code, shape, data_ptr, data_len)] to path atomically. Releases the GIL.
     """
 
+def plan_file(tensors: Sequence[tuple[str, str, Sequence[int]]], metadata: Sequence[tuple[str, str]] | None = None) -> tuple[bytes, list[tuple[str, int, int]]]:
+    """
+    The layout serialize would give [(name, dtype code, shape)]: (the file's first bytes -- length, header, padding --, [(name, begin, end)] in file order, offsets relative to the data buffer).
+    """
+
+def pwrite_box(fd: int, offset: int, shape: Sequence[int], box: Sequence[tuple[int, int]], item: int, ptr: int, nbytes: int, what: str) -> None:
+    """
+    Writes the box [(start, stop)] of a C-contiguous tensor of shape (in elements of item bytes) whose bytes start at offset of fd, from nbytes at ptr (the box, C-contiguous): one positional write per run the box makes in the file (one for a box of whole rows). Bytes as they are (no byte swapping). Raises SafetensorIOError naming what. Releases the GIL.
+    """
+
 def dtype_table() -> list[tuple[str, int, str, int, int | None, int, str, str]]:
     """
     [(code, bits, kind, swap bytes, DLPack code or None, torch pack, torch name, numpy name)] in rank order: the one dtype table (include/safetensors/dtype.h). kind is bool/signed/unsigned/float/complex.

@@ -1,6 +1,6 @@
-"""The ``safetensors`` command-line tool: inspect, verify, convert and diff checkpoints.
+"""The ``safetensors`` command-line tool: inspect, verify, convert, diff and consolidate checkpoints.
 
-One module per command (inspect, verify, convert, diff) over ``common``; also runs as ``python -m
+One module per command (inspect, verify, convert, diff, consolidate) over ``common``; also runs as ``python -m
 safetensors._cli``. Exit codes: 0 success; 1 a verification failure, NaN/Inf found
 by ``verify --scan``, or ``diff`` found differences; 2 a usage or input error (a missing file, a file that is
 not a safetensors file, an existing output), reported as one line naming the file.
@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 from .. import _safetensors_cpp as _cpp  # noqa: F401 - tests patch the binding through here
 from .common import EXIT_USAGE, PROG, CliError
+from .consolidate import cmd_consolidate
 from .convert import cmd_convert
 from .diff import cmd_diff
 from .inspect import cmd_inspect
@@ -109,6 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", metavar="A", help="a .safetensors file, a directory or an index file")
     p.add_argument("b", metavar="B", help="a .safetensors file, a directory or an index file")
     p.set_defaults(run=cmd_diff)
+
+    p = commands.add_parser(
+        "consolidate",
+        help="write the full files of a torch DCP sharded checkpoint",
+        description="Write the full safetensors files of a directory of DCP shard files (torch's "
+        "HuggingFaceStorageWriter with save_distributed=True): model-00001-of-0000N.safetensors (one file "
+        "unless --mapping says otherwise), each as save_file writes the full tensors with format=pt, and "
+        "model.safetensors.index.json. Streams: memory is one read buffer, whatever the tensors' sizes.",
+    )
+    p.add_argument("sharded_dir", metavar="SHARDED_DIR", help="the directory of shard files")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="where the full files go (created if missing)")
+    p.add_argument("--mapping", metavar="JSON", help="a JSON file {tensor name: output file index 1..N}")
+    p.add_argument("--buffer-mib", type=int, default=64, metavar="MIB", help="read buffer size (default 64)")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not list the files written")
+    p.set_defaults(run=cmd_consolidate)
     return parser
 
 

@@ -4,26 +4,17 @@ import::
 
     from safetensors.dcp import HuggingFaceStorageReader   # was: from torch.distributed.checkpoint import ...
 
-``_reader`` holds ``HuggingFaceStorageReader`` (its module docstring states the contract).
+``_reader`` holds ``HuggingFaceStorageReader``, ``_writer`` ``HuggingFaceStorageWriter`` (the consolidated files
+written directly, each rank its own bytes) and ``_consolidate`` ``consolidate`` (torch's per-rank shard files
+into full files); each module's docstring states its contract.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import List
 
+from ._consolidate import consolidate
 from ._reader import HuggingFaceStorageReader
+from ._writer import HuggingFaceStorageWriter
 
-__all__: List[str] = ["HuggingFaceStorageReader"]
-
-# MERGE POINT: the writer (_writer.py: HuggingFaceStorageWriter) and consolidation (_consolidate.py:
-# consolidate) are written separately; each is exported here once its module exists. When both have landed,
-# replace this block with plain imports.
-if importlib.util.find_spec(f"{__name__}._writer") is not None:
-    from ._writer import HuggingFaceStorageWriter  # noqa: F401
-
-    __all__.append("HuggingFaceStorageWriter")
-if importlib.util.find_spec(f"{__name__}._consolidate") is not None:
-    from ._consolidate import consolidate  # noqa: F401
-
-    __all__.append("consolidate")
+__all__: List[str] = ["HuggingFaceStorageReader", "HuggingFaceStorageWriter", "consolidate"]

@@ -61,32 +61,33 @@ class Group:
             )
         return torch.device("cpu")
 
-    def gather(self, obj: Any, what: str) -> List[Any]:
+    def gather(self, obj: Any, what: str, *, action: str = "load") -> List[Any]:
         out: List[Any] = [None] * self.world
         try:
             dist.all_gather_object(out, obj, group=self.group)
         except RuntimeError as e:
-            raise collective_failed(self, what, e) from e
+            raise collective_failed(self, what, e, action=action) from e
         return out
 
 
-def collective_failed(grp: Group, what: str, e: BaseException) -> SafetensorError:
+def collective_failed(grp: Group, what: str, e: BaseException, *, action: str = "load") -> SafetensorError:
+    """``action`` ("load", "save") names the distributed operation in the text."""
     return SafetensorError(
-        f"distributed load: a collective failed on rank {grp.rank} of {grp.world} while {what} (another rank "
-        f"died, failed outside the load, or timed out; the process group cannot be used any more): "
+        f"distributed {action}: a collective failed on rank {grp.rank} of {grp.world} while {what} (another rank "
+        f"died, failed outside the {action}, or timed out; the process group cannot be used any more): "
         f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
     )
 
 
-def failures_text(statuses: List[Optional[str]], world: int, what: str) -> Optional[str]:
+def failures_text(statuses: List[Optional[str]], world: int, what: str, *, action: str = "load") -> Optional[str]:
     failed = [(r, text) for r, text in enumerate(statuses) if text is not None]
     if not failed:
         return None
     if len(failed) == 1:
         r, text = failed[0]
-        return f"distributed load failed on rank {r} of {world} ({what}): {text}"
+        return f"distributed {action} failed on rank {r} of {world} ({what}): {text}"
     listed = "; ".join(f"rank {r}: {text}" for r, text in failed)
-    return f"distributed load failed on {len(failed)} of {world} ranks ({what}): {listed}"
+    return f"distributed {action} failed on {len(failed)} of {world} ranks ({what}): {listed}"
 
 
 def error_text(e: BaseException) -> str:
