@@ -15,13 +15,9 @@ constructor's parameters, URLs as paths, errors. Every process has a deadline: a
 
 from __future__ import annotations
 
-import datetime
 import inspect
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -41,6 +37,7 @@ from remote.seaweed import seaweed_s3_fixture  # noqa: E402
 from safetensors.dcp import HuggingFaceStorageReader  # noqa: E402
 from safetensors.dcp import _reader  # noqa: E402
 from safetensors import _safetensors_cpp as _cpp  # noqa: E402
+from test_distributed import spawn as spawn_ranks  # noqa: E402
 from torch.distributed.checkpoint.metadata import MetadataIndex  # noqa: E402
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem  # noqa: E402
 
@@ -96,43 +93,10 @@ def checkpoints(tmp_path_factory) -> Dict[str, Path]:
 # -- spawning ranks --------------------------------------------------------------------------------------------
 
 def spawn(tmp: Path, world: int, spec: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Runs ``world`` workers over ``spec``; every process is killed at the deadline (the test fails)."""
-    spec_path, out = tmp / "spec.json", tmp / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(json.dumps(spec))
-    master = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=PG_TIMEOUT))
-    env = dict(os.environ, WORLD_SIZE=str(world), ST_DIST_TIMEOUT=str(PG_TIMEOUT), OMP_NUM_THREADS="1",
-               ST_DIST_STORE=f"127.0.0.1:{master.port}")
-    procs, logs = [], []
-    try:
-        for rank in range(world):
-            logs.append(open(tmp / f"rank{rank}.log", "w"))
-            procs.append(subprocess.Popen([sys.executable, str(WORKER), str(spec_path), str(out)],
-                                          env=dict(env, RANK=str(rank)), stdout=logs[-1], stderr=subprocess.STDOUT))
-        end = time.monotonic() + SPAWN_DEADLINE
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-        hung = [r for r, p in enumerate(procs) if p.poll() is None]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-        del master
-    texts = [(tmp / f"rank{r}.log").read_text() for r in range(world)]
-    assert not hung, f"ranks {hung} still running after {SPAWN_DEADLINE} s:\n" + "\n".join(t[-3000:] for t in texts)
-    results = []
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{texts[r][-3000:]}"
-        path = out / f"rank{r}.json"
-        results.append(json.loads(path.read_text()) if path.exists() else {})
-    return results
+    """Runs ``world`` workers over ``spec`` (test_distributed's spawn); each rank's results, {} where none."""
+    ranks = spawn_ranks(tmp, world, spec.pop("scenarios", []), worker=WORKER, deadline=SPAWN_DEADLINE,
+                        pg_timeout=PG_TIMEOUT, spec_extra=spec)
+    return [r or {} for r in ranks.results]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])

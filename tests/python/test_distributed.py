@@ -190,12 +190,14 @@ class Ranks:
 
 def spawn(tmp: Path, world: int, scenarios: List[Dict[str, Any]], *, prefix=None, env=None, store=True,
           deadline: float = SPAWN_DEADLINE, expect_exit: Optional[Dict[int, int]] = None,
-          pg_timeout: float = PG_TIMEOUT, worker: Path = WORKER) -> Ranks:
-    """Runs ``world`` workers (``worker``: a script taking SPEC.json OUT_DIR, as distributed/worker.py) over
-    ``scenarios``; every process is killed at ``deadline`` (the test fails)."""
+          pg_timeout: float = PG_TIMEOUT, worker: Path = WORKER, spec_extra: Optional[Dict[str, Any]] = None
+          ) -> Ranks:
+    """Runs ``world`` workers (``worker``: a script taking SPEC.json OUT_DIR, as distributed/worker.py; the spec
+    is ``{"scenarios": scenarios, **spec_extra}``) over ``scenarios``; every process is killed at ``deadline``
+    (the test fails). The workers write their results to OUT_DIR (``tmp / "out"``)."""
     tmp.mkdir(parents=True, exist_ok=True)
     spec = tmp / "spec.json"
-    spec.write_text(json.dumps({"scenarios": scenarios}))
+    spec.write_text(json.dumps({"scenarios": scenarios, **(spec_extra or {})}))
     out = tmp / "out"
     out.mkdir(exist_ok=True)
     master = None

@@ -4,10 +4,7 @@ a killed rank leave the previous checkpoint as it was. One spawn per world runs 
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +21,7 @@ import safetensors.torch as st  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
 import save_worker  # noqa: E402
+from test_distributed import spawn as spawn_ranks  # noqa: E402
 
 WORKER = Path(save_worker.__file__)
 PG_TIMEOUT = 20.0  # bounds every collective: a bug fails the test instead of hanging CI
@@ -33,40 +31,14 @@ MULTI = 600
 
 def spawn(tmp: Path, mesh: List[int], scenarios: List[Dict[str, Any]],
           expect_exit: Optional[Dict[int, int]] = None) -> List[List[Dict[str, Any]]]:
-    """Runs one worker per rank over ``scenarios``; returns ``results[scenario][rank]`` (None: no result)."""
+    """Runs one worker per rank over ``scenarios`` (test_distributed's spawn); returns
+    ``results[scenario][rank]`` (None: no result)."""
     world = 1
     for m in mesh:
         world *= m
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "spec.json").write_text(json.dumps({"mesh": mesh, "scenarios": scenarios}))
+    spawn_ranks(tmp, world, scenarios, worker=WORKER, deadline=DEADLINE, pg_timeout=PG_TIMEOUT,
+                expect_exit=expect_exit, spec_extra={"mesh": mesh})
     out = tmp / "out"
-    out.mkdir(exist_ok=True)
-    master = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
-                           timeout=datetime.timedelta(seconds=PG_TIMEOUT))
-    env = dict(os.environ, WORLD_SIZE=str(world), ST_DIST_TIMEOUT=str(PG_TIMEOUT), OMP_NUM_THREADS="1",
-               ST_DIST_STORE=f"127.0.0.1:{master.port}")
-    procs = []
-    try:
-        for rank in range(world):
-            log = open(tmp / f"rank{rank}.log", "w")
-            procs.append(subprocess.Popen([sys.executable, str(WORKER), str(tmp / "spec.json"), str(out)],
-                                          env=dict(env, RANK=str(rank)), stdout=log, stderr=subprocess.STDOUT))
-            log.close()
-        end = time.monotonic() + DEADLINE
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        del master
-    logs = [(tmp / f"rank{r}.log").read_text()[-3000:] for r in range(world)]
-    for r, p in enumerate(procs):
-        assert p.returncode == (expect_exit or {}).get(r, 0), f"rank {r} exited with {p.returncode}:\n{logs[r]}"
     results = []
     for i in range(len(scenarios)):
         row = []
