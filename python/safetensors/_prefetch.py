@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from ._plan import Piece, checked_plan, plan_pieces, read_box
 from ._safetensors_cpp import SafetensorError
