@@ -108,6 +108,7 @@ def scenarios(c: Dict[str, Any], world: int) -> List[Dict[str, Any]]:
     wrong = layout(world, "rows")
     wrong["uneven"]["shape"] = [10, 7]
     out.append(dict(base, name="wrong_shape", tensors=wrong))
+    out.append(dict(base, name="npu", tensors=layout(world, "mixed"), device="npu"))
     plans = [{"big": [[0, 64], [64 * r, 64 * r + 64]], "uneven": [[2, 9], [1, 4]], "tall": [[0, 5], [r, r + 2]],
               "wide": [[1, 2], [0, 100]], "ints": [[1, 5]]} for r in range(world)]
     out.append(dict(base, name="box_plans", plans=plans))
@@ -126,7 +127,7 @@ def run(request, ckpt, tmp_path_factory):
 
 
 @pytest.mark.parametrize("scenario", ["rows", "cols", "mixed", "replicated", "plain", "index", "directory",
-                                      "after_error"])
+                                      "after_error", "npu"])
 def test_every_rank_gets_exactly_its_piece_of_the_full_tensors(run, scenario):
     world, ranks = run
     for rank, got in enumerate(ranks[scenario]):

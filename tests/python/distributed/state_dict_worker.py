@@ -64,14 +64,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def build(scenario: Dict[str, Any], full: Dict[str, torch.Tensor], mesh: Any):
-    """The state dict (DTensors of garbage-filled local shards) and the expected local values."""
+    """The state dict (DTensors of garbage-filled local shards, on the scenario's device) and the expected local
+    values (on the CPU)."""
     state, expected = {}, {}
+    device = scenario.get("device", "cpu")
     for name, spec in scenario["tensors"].items():
         source = full[name] if name in full else torch.zeros(spec.get("shape", [2]), dtype=torch.float32)
         dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else source.dtype
         shape = list(spec.get("shape", source.shape))
         if spec["placements"] == "plain":
-            state[name] = torch.full(shape, 7).to(dtype)  # wrong values a missed byte would show
+            state[name] = torch.full(shape, 7).to(dtype).to(device)  # wrong values a missed byte would show
             expected[name] = source.to(dtype)
             continue
         placements = [placement(p) for p in spec["placements"]]
@@ -79,6 +81,7 @@ def build(scenario: Dict[str, Any], full: Dict[str, torch.Tensor], mesh: Any):
         local = torch.empty(local_shape, dtype=dtype)
         if local.numel():
             local.reshape(-1).view(torch.uint8).fill_(0xA5)  # garbage a missed byte would show
+        local = local.to(device)
         strides = []
         acc = 1
         for n in reversed(shape):
@@ -107,7 +110,14 @@ def run_plan(scenario: Dict[str, Any], rank: int) -> Dict[str, Any]:
 def run(scenario: Dict[str, Any], rank: int) -> Dict[str, Any]:
     if "plans" in scenario:
         return run_plan(scenario, rank)
-    mesh = init_device_mesh("cpu", tuple(scenario["mesh"]))
+    device = scenario.get("device", "cpu")
+    if device != "cpu":  # the simulated Ascend NPU (tests/python/npu_sim), one device per rank
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        import npu_sim
+
+        if not npu_sim.installed():
+            npu_sim.install(1)
+    mesh = init_device_mesh(device, tuple(scenario["mesh"]))
     files = scenario["files"]
     full = full_tensors(files)
     state, expected = build(scenario, full, mesh)
@@ -133,7 +143,7 @@ def run(scenario: Dict[str, Any], rank: int) -> Dict[str, Any]:
     checks = {}
     for name, value in state.items():
         local = value.to_local() if isinstance(value, DTensor) else value
-        checks[name] = same_bits(local, expected[name])
+        checks[name] = local.device.type == scenario.get("device", "cpu") and same_bits(local.cpu(), expected[name])
     return {"missing": got.missing_keys, "unexpected": got.unexpected_keys, "checks": checks,
             "stats": stats.__dict__, "rchar": after["rchar"] - before["rchar"],
             "type": type(got).__name__}
