@@ -15,6 +15,7 @@
 #include "safetensors/file.h"
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
+#include "safetensors/testing.h"
 
 namespace safetensors::fuzz {
 namespace {

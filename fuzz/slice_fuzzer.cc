@@ -16,6 +16,7 @@
 #include "safetensors/file.h"
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
+#include "safetensors/testing.h"
 #include "safetensors/writer.h"
 
 namespace safetensors::fuzz {

@@ -60,10 +60,14 @@ SAFETENSORS_SAME_DTYPE_(SAFETENSORS_U64, kU64);
 static_assert(safetensors::kDtypeTable.size() == SAFETENSORS_U64 + 1, "c.h lists every dtype");
 static_assert(SAFETENSORS_BACKEND_MMAP == static_cast<int>(safetensors::Backend::kMmap) &&
                   SAFETENSORS_BACKEND_PREAD == static_cast<int>(safetensors::Backend::kPread) &&
-                  SAFETENSORS_BACKEND_MEMORY == static_cast<int>(safetensors::Backend::kMemory) &&
                   SAFETENSORS_BACKEND_DIRECT == static_cast<int>(safetensors::Backend::kDirect) &&
                   SAFETENSORS_BACKEND_AUTO == static_cast<int>(safetensors::Backend::kAuto),
-              "c.h backends are the C++ backends");
+              "c.h backends are the C++ backend requests");
+static_assert(SAFETENSORS_BACKEND_MMAP == static_cast<int>(safetensors::ReadPath::kMmap) &&
+                  SAFETENSORS_BACKEND_PREAD == static_cast<int>(safetensors::ReadPath::kPread) &&
+                  SAFETENSORS_BACKEND_MEMORY == static_cast<int>(safetensors::ReadPath::kMemory) &&
+                  SAFETENSORS_BACKEND_DIRECT == static_cast<int>(safetensors::ReadPath::kDirect),
+              "c.h backends are the C++ read paths");
 
 struct safetensors_slice_plan_t {
   safetensors::SlicePlan plan;
@@ -158,7 +162,9 @@ Result<OpenOptions> open_options(int b, std::string_view context) {
   switch (b) {
     case SAFETENSORS_BACKEND_MMAP: return safetensors::OpenOptions{.backend = safetensors::Backend::kMmap};
     case SAFETENSORS_BACKEND_PREAD: return safetensors::OpenOptions{.backend = safetensors::Backend::kPread};
-    case SAFETENSORS_BACKEND_MEMORY: return safetensors::OpenOptions{.backend = safetensors::Backend::kMemory};
+    case SAFETENSORS_BACKEND_MEMORY:
+      // A read path only: no location is read into memory by asking.
+      return Error::invalid_argument(context, "the memory backend has no file; use safetensors_open_memory()");
     case SAFETENSORS_BACKEND_DIRECT: return safetensors::OpenOptions{.backend = safetensors::Backend::kDirect};
     case SAFETENSORS_BACKEND_AUTO: return safetensors::OpenOptions{.backend = safetensors::Backend::kAuto};
   }

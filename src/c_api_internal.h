@@ -100,7 +100,8 @@ Result<const TensorInfo*> checked_tensor_at(const H* h, size_t i) {
   return t;
 }
 
-// The options an open with C backend `b` uses, or the Error for an unknown backend (naming `context`).
+// The options an open with C backend `b` uses, or the Error (naming `context`) for an unknown backend or for
+// MEMORY, a read path no open asks for: the one place a request for it is refused.
 Result<OpenOptions> open_options(int b, std::string_view context);
 
 }  // namespace safetensors::c_api

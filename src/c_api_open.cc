@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include "c_api_internal.h"
 #include "safetensors/c.h"
@@ -40,9 +41,6 @@ safetensors_code_t safetensors_open_options_set_backend(safetensors_open_options
   return guarded(error, [&] {
     auto parsed = safetensors::c_api::open_options(backend, "<open options>");
     if (!parsed.ok()) return fail(error, parsed.error());
-    if (parsed->backend == safetensors::Backend::kMemory) {
-      return fail(error, Error::invalid_argument("<open options>", "the memory backend has no location to open"));
-    }
     options->options.backend = parsed->backend;
     return SAFETENSORS_OK;
   });
@@ -92,8 +90,20 @@ void safetensors_file_direct_stats(const safetensors_file_t* file, uint64_t* dir
   if (direct_bytes != nullptr) *direct_bytes = s.direct_bytes;
   if (bounced_bytes != nullptr) *bounced_bytes = s.bounced_bytes;
   if (cached_bytes != nullptr) *cached_bytes = s.cached_bytes;
-  if (direct_refused != nullptr) *direct_refused = s.direct_refused ? 1 : 0;
+  if (direct_refused != nullptr) *direct_refused = s.direct_refused != 0 ? 1 : 0;
   if (resident_bytes != nullptr) *resident_bytes = s.resident_bytes;
+}
+
+int safetensors_file_source_counter(const safetensors_file_t* file, const char* name, size_t name_len,
+                                    uint64_t* value) {
+  const std::string_view wanted(name, name_len);
+  for (const safetensors::SourceCounter& c : safetensors::kSourceCounters) {
+    if (wanted == c.name) {
+      *value = file->set.source()->stats().*c.field;
+      return 1;
+    }
+  }
+  return 0;
 }
 
 }  // extern "C"

@@ -22,6 +22,7 @@
 #include "mutex.h"
 #include "posix.h"
 #include "residency.h"
+#include "safetensors/testing.h"
 
 namespace safetensors::internal {
 namespace {
@@ -151,8 +152,8 @@ enum class DirectOutcome { kDone, kFailed, kRefused };
 
 class DirectSource final : public Source {
  public:
-  DirectSource(std::string path, int fd, int dfd, std::uint64_t size, DirectAlignment align, bool refused,
-               Residency residency, bool bounce_all)
+  DirectSource(std::string path, int fd, int dfd, std::uint64_t size, DirectAlignment align, Residency residency,
+               bool bounce_all)
       : path_(std::move(path)),
         fd_(fd),
         dfd_(dfd),
@@ -160,7 +161,6 @@ class DirectSource final : public Source {
         align_(align),
         unit_(std::max(align.memory, align.offset)),
         bounce_all_(bounce_all),
-        refused_(refused),
         residency_(residency),
         bounce_(bounce_all ? kHugeBounceBytes : kBounceBytes, bounce_all) {}
   ~DirectSource() override {
@@ -199,7 +199,7 @@ class DirectSource final : public Source {
   }
 
  private:
-  bool direct() const { return dfd_ >= 0 && !refused_.load(std::memory_order_relaxed); }
+  bool direct() const { return !refused_.load(std::memory_order_relaxed); }
 
   Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
                                                   std::string_view what) const override {
@@ -324,8 +324,7 @@ class DirectSource final : public Source {
   }
 
   std::string path_;
-  // The page cache's descriptor (reads after a refusal, and kAuto's cached choice) and the O_DIRECT one (-1:
-  // none, the cache is used).
+  // The page cache's descriptor (reads after a refusal) and the O_DIRECT one.
   int fd_;
   int dfd_;
   std::uint64_t size_;
@@ -334,7 +333,7 @@ class DirectSource final : public Source {
   std::uint64_t unit_;
   // Every read goes through (huge-page) bounce memory: device_prefers_bounce().
   bool bounce_all_;
-  mutable std::atomic<bool> refused_;
+  mutable std::atomic<bool> refused_{false};
   Residency residency_;
   mutable BouncePool bounce_;
   mutable std::atomic<std::uint64_t> direct_bytes_{0}, bounced_bytes_{0}, cached_bytes_{0};
@@ -360,26 +359,10 @@ DirectAlignment direct_alignment(int fd) {
   return out;
 }
 
-std::shared_ptr<const Source> open_direct_source(std::string path, int fd, std::uint64_t size, Backend backend,
-                                                 bool may_mincore) {
-  Residency residency;
-  bool use_direct = backend == Backend::kDirect;
-  if (backend == Backend::kAuto && size >= kAutoDirectMinBytes) {
-    residency = probe_residency(fd, size, may_mincore);
-    // Less than a third cached: reading it all from the device beats reading the rest through the cache. (On the
-    // 2-CPU VM of BENCHMARKS.md, 2 GiB: cold through the cache ~1.6 GB/s, direct ~2 GB/s, cached ~5 GB/s
-    // into new memory; the two break even near 30% cached.)
-    use_direct = !residency.probe.empty() && residency.resident_bytes < size / 3;
-  }
-  const DirectAlignment align = direct_alignment(fd);
-  int dfd = -1;
-  bool refused = false;
-  if (use_direct) {
-    dfd = reopen_descriptor(fd, path, O_DIRECT);
-    refused = dfd < 0;
-  }
-  const bool bounce_all = use_direct && !refused && device_prefers_bounce(fd);
-  return std::make_shared<DirectSource>(std::move(path), fd, dfd, size, align, refused, residency, bounce_all);
+std::shared_ptr<const Source> open_direct_source(std::string path, int fd, int dfd, std::uint64_t size,
+                                                 Residency residency) {
+  return std::make_shared<DirectSource>(std::move(path), fd, dfd, size, direct_alignment(fd), residency,
+                                        device_prefers_bounce(fd));
 }
 
 }  // namespace safetensors::internal

@@ -1,5 +1,5 @@
-// The direct source (source.h, "direct"): a local file read with O_DIRECT, and Backend::kAuto's choice between
-// it and the page cache.
+// The direct source (source.h, "direct"): a local file read with O_DIRECT. Whether a file is read so (kDirect, and
+// kAuto's choice) is the factory's (file_source_for, source.cc).
 #ifndef SAFETENSORS_SRC_DIRECT_SOURCE_H_
 #define SAFETENSORS_SRC_DIRECT_SOURCE_H_
 
@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "residency.h"
 #include "safetensors/source.h"
 
 namespace safetensors::internal {
@@ -33,27 +34,24 @@ inline constexpr std::uint64_t kBounceBytes = std::uint64_t{1} << 20;
 // 4 KiB pages into small requests): huge pages, two full 4 MiB requests of such a device per read.
 inline constexpr std::uint64_t kHugeBounceBytes = std::uint64_t{8} << 20;
 // The direct source's ReadHints::parallelism: reads in flight from a load's threads. With one read per thread,
-// a thread faults its destination's pages in before its read starts, so more threads keep the device busy
-// meanwhile (2 GiB, new process, 2-CPU VM: 1.98 s with 2 threads, 1.58 s with 4, 1.55 s with 8).
+// a thread faults its destination's pages in before its read starts, so more threads than CPUs keep the device
+// busy meanwhile; past 8 the gain is lost in the noise (BENCHMARKS.md, section "Load, cold page cache").
 inline constexpr unsigned kDirectParallelism = 8;
 // The direct source's ReadHints::merge_gap: pieces smaller than this and closer together are read as one (a
 // direct read costs a device round trip, with no readahead to share it).
 inline constexpr std::uint64_t kDirectMergeGap = std::uint64_t{256} << 10;
 
-// A Source for `backend` (kDirect or kAuto) over the regular file `path`, open as `fd` (which it takes over),
-// of `size` bytes (fixed now, as every source's). kDirect reads with O_DIRECT through a second descriptor of
-// the same open file (/proc/self/fd, so a path replaced meanwhile is not opened instead); where that open or
-// the first read is refused (EINVAL: tmpfs before Linux 6.6, some FUSE filesystems) it reads through the page
-// cache with `fd` instead, and says so in stats(). Where the device under the file splits reads into 4 KiB-page
-// memory into smaller requests than it takes (its max_segments pages are less than max_sectors_kb) and
-// transparent huge pages are available, every read goes through huge-page bounce memory instead of straight
-// into its destination (2 GiB on the virtio disk of BENCHMARKS.md: 1 MiB requests straight in, 4 MiB through
-// huge pages; 1.4-1.9 s against 0.93-1.09 s in new processes, the copy included). kAuto probes the page cache first
-// (probe_residency, with mincore where `may_mincore`): a file of at least kAutoDirectMinBytes of which less than a
-// third is cached is read as kDirect, any other through the page cache; stats() records what the probe found. Never
-// fails.
-std::shared_ptr<const Source> open_direct_source(std::string path, int fd, std::uint64_t size, Backend backend,
-                                                 bool may_mincore);
+// A Source over the regular file `path`, open as `fd` for the page cache and as `dfd` with O_DIRECT (a second
+// descriptor of the same open file; it takes over both), of `size` bytes (fixed now, as every source's). Where the
+// first read is refused (EINVAL: an alignment the filesystem needs beyond what it reported, some FUSE filesystems)
+// it reads through the page cache with `fd` from then on, and says so in stats(). Where the device under the file
+// splits reads into 4 KiB-page memory into smaller requests than it takes (its max_segments pages are less than
+// max_sectors_kb) and transparent huge pages are available, every read goes through huge-page bounce memory
+// instead of straight into its destination (2 GiB on the virtio disk of BENCHMARKS.md: 1 MiB requests straight
+// in, 4 MiB through huge pages; 1.4-1.9 s against 0.93-1.09 s in new processes, the copy included). `residency`
+// is what kAuto's probe found, for stats(). Never fails.
+std::shared_ptr<const Source> open_direct_source(std::string path, int fd, int dfd, std::uint64_t size,
+                                                 Residency residency);
 
 }  // namespace safetensors::internal
 

@@ -93,10 +93,10 @@ Result<File> File::with_backend(Backend backend) const {
 }
 
 const std::string& File::path() const { return state_->source->name(); }
-Backend File::backend() const {
+ReadPath File::backend() const {
   const Source& src = *state_->source;
-  if (src.data() != nullptr) return src.data_is_memory() ? Backend::kMemory : Backend::kMmap;
-  return src.read_hints().uncached ? Backend::kDirect : Backend::kPread;
+  if (src.data() != nullptr) return src.data_is_memory() ? ReadPath::kMemory : ReadPath::kMmap;
+  return src.read_hints().uncached ? ReadPath::kDirect : ReadPath::kPread;
 }
 const std::shared_ptr<const Source>& File::source() const { return state_->source; }
 std::uint64_t File::data_offset() const { return state_->data_offset(); }
@@ -342,16 +342,16 @@ Status File::read_many(std::span<const ReadRequest> requests, unsigned threads) 
 
 void advise_fresh_destination(std::span<std::byte> dst) {
 #ifdef MADV_NOHUGEPAGE
-  // 4 KiB pages, whatever the THP settings, by measurement (issue 16: a 2 GiB, 291-tensor load, each in a new
-  // process, THP enabled always/madvise/never x defrag always/defer/madvise/never, on a 2-CPU VM): filling
-  // fresh memory with 4 KiB pages cost the same ~0.9 CPU-seconds per 2 GB in every setting, while huge pages,
-  // asked for by MADV_HUGEPAGE or given by enabled=always, cost 0.3 to 7 s for the same load: a fault stalls
-  // in direct compaction (defrag madvise/always), and on a VM that reports free memory to its host (virtio
-  // free page reporting) each newly allocated 2 MiB block is faulted in again by the host, with defrag
-  // defer and never too (MADV_HUGEPAGE: 1.9 and 2.3 s there, against 0.6 and 1.0 s). MADV_HUGEPAGE made the
-  // load 2.7x slower than the reference's at the common default (madvise/madvise); no advice leaves
-  // enabled=always to that lottery (0.7 to 2.6 s). Pre-faulting too (MADV_POPULATE_WRITE on 2 threads) saved
-  // ~10% CPU but no wall time consistently, and taking it off the reader threads would need a second pool.
+  // 4 KiB pages, whatever the THP settings: filling fresh memory with 4 KiB pages costs the same CPU time per
+  // byte under every THP enabled/defrag setting, while huge pages, asked for by MADV_HUGEPAGE or given by
+  // enabled=always, make the same load's cost depend on the host: a fault stalls in direct compaction (defrag
+  // madvise/always), and on a VM that reports free memory to its host (virtio free page reporting) the host
+  // faults each newly allocated 2 MiB block in again, whatever the defrag setting. MADV_HUGEPAGE can make a
+  // load several times slower than the reference's at the common default (madvise/madvise), and no advice
+  // leaves enabled=always to the same chance, so the advice is always "no huge pages". Pre-faulting the whole
+  // destination too (MADV_POPULATE_WRITE) saves some CPU but no wall time, and taking it off the reader
+  // threads would need a second pool. The loads this serves are measured in BENCHMARKS.md, sections
+  // "Materialized load, warm page cache" and "Load, cold page cache".
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
   const auto first = reinterpret_cast<std::uintptr_t>(dst.data());
   const std::uintptr_t begin = (first + kHuge - 1) & ~(kHuge - 1);

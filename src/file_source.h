@@ -13,12 +13,11 @@
 namespace safetensors::internal {
 
 // The Source that reads the regular file open as `fd` (which it takes over, also on failure) through `backend`,
-// `size` bytes long. Errors: kInvalidArgument for kMemory.
+// `size` bytes long. Errors: none today (a Result for the factories that may fail).
 Result<std::shared_ptr<const Source>> file_source_for(std::string path, int fd, std::uint64_t size, Backend backend);
 
 // Source::reopen() of a local file open as `fd` (which stays the caller's): file_source_for a second descriptor
-// of the same file (reopen_descriptor). Errors: kIo (the file could not be opened again), kInvalidArgument for
-// kMemory.
+// of the same file (reopen_descriptor). Errors: kIo (the file could not be opened again).
 Result<std::shared_ptr<const Source>> reopen_file_source(int fd, const std::string& path, std::uint64_t size,
                                                          Backend backend);
 

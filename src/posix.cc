@@ -87,14 +87,14 @@ Error errno_error(std::string_view path, std::string_view what, int err) {
 }
 
 void prefault_for_write(std::span<std::byte> dst) {
-  // Why (issue 16, 2 GiB from a warm page cache into fresh memory, 2 threads, 2-CPU VM): a read into pages
-  // that are not there takes one page fault per 4 KiB inside the kernel's copy, and where the file offset and
-  // the destination are not congruent modulo the page size (a tensor's offset in the file against a fresh
-  // allocation: nearly always) each fault lands mid-copy: 0.53 s, against 0.44 s congruent. Faulting a step in
-  // first with one madvise and then reading it: 0.38-0.39 s whatever the alignment (0.43 s when the whole
-  // 8 MiB chunk was populated at once: its zeroed lines had left the cache). Memory already resident costs
-  // the mincore alone (0.166 s either way for the same read into pre-faulted memory, against 0.185 s with a
-  // populate every step).
+  // Why: a read into pages that are not there takes one page fault per 4 KiB inside the kernel's copy, and
+  // where the file offset and the destination are not congruent modulo the page size (a tensor's offset in
+  // the file against a fresh allocation: nearly always) each fault lands mid-copy, which costs more than the
+  // faults of a congruent copy. Faulting one step in first with a single madvise and then reading it makes the
+  // read as fast whatever the alignment, and faster than either; the step is kFillStep rather than the whole
+  // chunk because populating a whole chunk at once lets its zeroed lines leave the cache before the read.
+  // Memory already resident costs the mincore alone. The load this serves is measured in BENCHMARKS.md,
+  // section "Materialized load, warm page cache".
   if (dst.size() < kMinPrefault || !populate_supported()) return;
   static const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto first = reinterpret_cast<std::uintptr_t>(dst.data());

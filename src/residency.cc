@@ -71,9 +71,9 @@ bool by_nowait(int fd, std::uint64_t size, Residency* out) {
   if (samples == 0) return false;
   unsigned resident = 0;
   // A RWF_NOWAIT read of a page that is not cached fails with EAGAIN, but first starts reading it -- with the
-  // readahead window after it (8 MiB on this VM's disk), which would bring in the pages of the next samples
-  // before they are probed: a cold file judged warm (seen in 1 of 8 runs, even with POSIX_FADV_RANDOM on the
-  // descriptor). So the samples are probed from the end of the file back: what one miss reads ahead lies
+  // device's readahead window after it (megabytes), which can bring in the pages of the next samples before
+  // they are probed: a cold file judged warm, even with POSIX_FADV_RANDOM on the descriptor, which a kernel
+  // need not honour. So the samples are probed from the end of the file back: what one miss reads ahead lies
   // past the samples still to come. POSIX_FADV_RANDOM keeps that read to the page itself where the kernel
   // honours it; the descriptor's readahead is restored after.
   (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,6 +19,8 @@
 #include "direct_source.h"
 #include "file_source.h"
 #include "posix.h"
+#include "residency.h"
+#include "safetensors/testing.h"
 
 namespace safetensors {
 namespace {
@@ -108,9 +111,20 @@ class MmapSource final : public Source {
   bool writable_;
 };
 
+// Why a file opened for kDirect or kAuto is read through the page cache, for stats().
+struct CacheChoice {
+  // The filesystem refused O_DIRECT when the file was opened.
+  bool direct_refused = false;
+  // What kAuto's probe found (empty where it did not ask).
+  internal::Residency residency;
+};
+
+// Every read through the page cache: kPread, a mapping that failed, and kDirect or kAuto where the factory chose
+// the cache (`choice`, whose source counts cached_bytes in stats() as a direct source does).
 class PreadSource final : public Source {
  public:
-  PreadSource(std::string path, int fd, std::uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  PreadSource(std::string path, int fd, std::uint64_t size, std::optional<CacheChoice> choice = std::nullopt)
+      : path_(std::move(path)), fd_(fd), size_(size), choice_(choice) {}
   ~PreadSource() override { close_reporting(fd_, path_); }
 
   const std::string& name() const override { return path_; }
@@ -122,18 +136,58 @@ class PreadSource final : public Source {
   Result<std::shared_ptr<const Source>> reopen(Backend backend) const override {
     return internal::reopen_file_source(fd_, path_, size_, backend);
   }
+  SourceStats stats() const override {
+    if (!choice_) return {};
+    return {.cached_bytes = cached_bytes_.load(std::memory_order_relaxed),
+            .direct_refused = choice_->direct_refused,
+            .resident_bytes = choice_->residency.resident_bytes,
+            .residency_probe = choice_->residency.probe};
+  }
 
  private:
   Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
                                                   std::string_view what) const override {
     SAFETENSORS_RETURN_IF_ERROR(internal::pread_full(fd_, path_, offset, dst, what));
+    if (choice_) cached_bytes_.fetch_add(dst.size(), std::memory_order_relaxed);
     return std::span<const std::byte>(dst);
   }
 
   std::string path_;
   int fd_;
   std::uint64_t size_;
+  std::optional<CacheChoice> choice_;
+  mutable std::atomic<std::uint64_t> cached_bytes_{0};
 };
+
+// mincore tells page-cache residency only to an owner or writer of the file (residency.h); root may write.
+bool may_mincore(int fd, const std::string& path) {
+  struct stat st;
+  return ::geteuid() == 0 || (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid()) ||
+         ::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) == 0;
+}
+
+// The Source of a file opened for kDirect or kAuto: a direct source, or a page-cache one where kAuto finds the
+// file cached enough (or too small to ask) or the filesystem refuses O_DIRECT.
+std::shared_ptr<const Source> direct_or_cached_source(std::string path, int fd, std::uint64_t size, Backend backend) {
+  internal::Residency residency;
+  bool use_direct = backend == Backend::kDirect;
+  if (backend == Backend::kAuto && size >= kAutoDirectMinBytes) {
+    residency = internal::probe_residency(fd, size, may_mincore(fd, path));
+    // Less than a third cached: reading it all from the device beats reading the rest through the cache. Cold
+    // reads through the cache run somewhat slower than direct reads and cached reads a few times faster, so the
+    // two break even near 30% cached (BENCHMARKS.md, section "Load, cold page cache", and the machine's
+    // ceilings in "Machine ceilings").
+    use_direct = !residency.probe.empty() && residency.resident_bytes < size / 3;
+  }
+  if (use_direct) {
+    // A second descriptor of the same open file (/proc/self/fd, so a path replaced meanwhile is not opened
+    // instead). EINVAL: tmpfs before Linux 6.6, some FUSE filesystems.
+    const int dfd = internal::reopen_descriptor(fd, path, O_DIRECT);
+    if (dfd >= 0) return internal::open_direct_source(std::move(path), fd, dfd, size, residency);
+  }
+  return std::make_shared<PreadSource>(std::move(path), fd, size,
+                                       CacheChoice{.direct_refused = use_direct, .residency = residency});
+}
 
 // What a file that is not a regular file is, for the error that refuses it.
 const char* file_kind(mode_t mode) {
@@ -212,17 +266,8 @@ namespace internal {
 
 Result<std::shared_ptr<const Source>> file_source_for(std::string path, int fd, std::uint64_t size, Backend backend) {
   switch (backend) {
-    case Backend::kMemory:
-      close_reporting(fd, path);
-      return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
     case Backend::kDirect:
-    case Backend::kAuto: {
-      // mincore tells page-cache residency only to an owner or writer of the file (residency.h); root may write.
-      struct stat st;
-      const bool may_mincore = ::geteuid() == 0 || (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid()) ||
-                               ::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) == 0;
-      return open_direct_source(std::move(path), fd, size, backend, may_mincore);
-    }
+    case Backend::kAuto: return direct_or_cached_source(std::move(path), fd, size, backend);
     case Backend::kMmap:
       // Empty files, and any mapping failure, take pread.
       if (size > 0 && !g_force_pread.load(std::memory_order_relaxed) && size <= SIZE_MAX) {
@@ -246,9 +291,6 @@ Result<std::shared_ptr<const Source>> file_source_for(std::string path, int fd, 
 
 Result<std::shared_ptr<const Source>> reopen_file_source(int fd, const std::string& path, std::uint64_t size,
                                                          Backend backend) {
-  if (backend == Backend::kMemory) {
-    return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
-  }
   const int again = reopen_descriptor(fd, path, 0);
   if (again < 0) return errno_error(path, "open", errno);
   return file_source_for(path, again, size, backend);
@@ -257,9 +299,6 @@ Result<std::shared_ptr<const Source>> reopen_file_source(int fd, const std::stri
 }  // namespace internal
 
 Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, Backend backend) {
-  if (backend == Backend::kMemory) {
-    return Error::invalid_argument(path, "the memory backend has no file; use memory_source()");
-  }
   struct stat st;
   SAFETENSORS_ASSIGN_OR_RETURN(const int fd, open_regular_file(path, &st));
   return internal::file_source_for(path, fd, static_cast<std::uint64_t>(st.st_size), backend);

@@ -222,6 +222,12 @@ SAFETENSORS_EXPORT void safetensors_file_source_stats(const safetensors_file_t* 
 SAFETENSORS_EXPORT void safetensors_file_direct_stats(const safetensors_file_t* file, uint64_t* direct_bytes,
                                                       uint64_t* bounced_bytes, uint64_t* cached_bytes,
                                                       int* direct_refused, uint64_t* resident_bytes);
+/* One counter of what the file's source did so far, by the name Python's File.source_stats() gives it:
+   "requests", "bytes_fetched", "retries", "direct_bytes", "bounced_bytes", "cached_bytes", "direct_refused",
+   "resident_bytes" (source.h, kSourceCounters; the two functions above read the same counters). Returns 1 with
+   *value set, or 0 with *value unchanged for a name that is not a counter. */
+SAFETENSORS_EXPORT int safetensors_file_source_counter(const safetensors_file_t* file, const char* name,
+                                                       size_t name_len, uint64_t* value);
 /* Opens the bytes [data, data + size) as a file, without copying them. REQUIRES: the bytes stay alive and
    unchanged until the handle and every view made from it are freed. Errors: the header codes. */
 SAFETENSORS_EXPORT safetensors_code_t safetensors_open_memory(const void* data, size_t size, safetensors_file_t** file,

@@ -121,8 +121,7 @@ class SAFETENSORS_EXPORT File {
   // mapping, kMemory for a caller's buffer, kDirect for positional reads past the page cache (ReadHints::uncached:
   // kDirect, or kAuto where it chose that, until a filesystem refuses it),
   // kPread for other positional reads (a file not mapped -- kMmap may have fallen back -- or a remote object).
-  // Never kAuto.
-  Backend backend() const;
+  ReadPath backend() const;
   const std::shared_ptr<const Source>& source() const;
 
   // 8 + the header length: where the data buffer starts.

@@ -104,12 +104,14 @@ struct SAFETENSORS_EXPORT RemoteOptions {
   // Sets one option from text: the one parser behind the C API and the Python keyword arguments. Keys are
   // the field names above ("header" appends one to `headers`; "token" is bearer_token; "aws_access_key_id",
   // "aws_secret_access_key", "aws_session_token" and "region_name" are accepted as the AWS tools spell
-  // them). Booleans are "true"/"false"/"1"/"0", numbers decimal. Errors: kInvalidArgument naming the key
-  // (never the value: it may be a secret).
+  // them, "profile_name" as boto3 does). Booleans are "true", "True", "1" or "yes" and "false", "False", "0" or
+  // "no" (Python's str() of a bool and the usual spellings of a flag); numbers decimal. Errors: kInvalidArgument
+  // naming the key (never the value: it may be a secret).
   Status set(std::string_view key, std::string_view value);
 };
 
-// True for the locations open_source() sends to open_remote_source(): http://, https:// and s3:// URLs.
+// True for the locations open_source() sends to open_remote_source(): http://, https:// and s3:// URLs, the
+// scheme in any case ("S3://", "HTTPS://").
 SAFETENSORS_EXPORT bool is_remote_location(std::string_view location);
 
 // Opens the object at `url` (see the top of this file). Errors: kInvalidArgument (a malformed URL, no

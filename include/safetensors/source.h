@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <span>
@@ -44,24 +45,35 @@
 
 namespace safetensors {
 
-// How a local file is opened (OpenOptions::backend), and how an open File reports its delivery
-// (File::backend()). A remote or memory source ignores the request: what it can do decides. New values are
-// appended (the C API's numbers are these).
+// How a local file is to be read: OpenOptions::backend, open_file_source(), Source::reopen(). A remote or
+// memory source ignores the request: what it can do decides, and File::backend() reports the outcome as a
+// ReadPath. The values are the C API's SAFETENSORS_BACKEND_* (2 is ReadPath::kMemory, which no request names).
 enum class Backend {
   // Map the file (private, copy-on-write). Views are zero-copy.
-  kMmap,
+  kMmap = 0,
   // Read with pread(2), through the page cache. Tensors are always copied into caller memory.
-  kPread,
-  // A caller-supplied buffer (memory_source()).
-  kMemory,
+  kPread = 1,
   // Read with O_DIRECT, past the page cache (see "direct" above); the page cache where the filesystem
   // refuses it. Tensors are always copied into caller memory.
-  kDirect,
+  kDirect = 3,
   // kDirect or kPread, chosen when the file is opened from how much of it the page cache holds (cachestat(2),
   // else mincore(2) or preadv2(RWF_NOWAIT) probes): a file of at least kAutoDirectMinBytes of which less than
-  // a third is cached is read directly, any other through the cache. A request only: File::backend() reports
-  // the choice.
-  kAuto,
+  // a third is cached is read directly, any other through the cache. File::backend() reports the choice.
+  kAuto = 4,
+};
+
+// How an open File's tensors are delivered (File::backend()), from what its source can do: the Backend asked
+// for once kAuto has chosen and any fallback is taken, or kMemory for a caller's buffer. The values are the C
+// API's SAFETENSORS_BACKEND_*.
+enum class ReadPath {
+  // Zero-copy views of a mapping.
+  kMmap = 0,
+  // Positional reads through the page cache (a file not mapped, or a remote object).
+  kPread = 1,
+  // A caller-supplied buffer (memory_source()).
+  kMemory = 2,
+  // Positional reads past the page cache.
+  kDirect = 3,
 };
 
 // kAuto reads smaller files through the page cache whatever is cached: for them the cache costs little, and
@@ -83,7 +95,9 @@ struct ReadHints {
   bool uncached = false;
 };
 
-// What a Source has done so far, for sources that count (remote and direct ones); all zero elsewhere.
+// What a Source has done so far, for sources that count (remote and direct ones); all zero elsewhere. Every
+// counter is a std::uint64_t field listed once more, by name, in kSourceCounters below: the binding and the C API
+// (safetensors_file_source_counter) read them from that list, so a new counter is a field and a row here.
 struct SourceStats {
   // Remote: requests sent (each retry counts), bytes received in their bodies, and retries among them.
   std::uint64_t requests = 0;
@@ -97,15 +111,35 @@ struct SourceStats {
   // Bytes read through the page cache by such a source: all of them where kAuto chose the cache or the
   // filesystem refused O_DIRECT.
   std::uint64_t cached_bytes = 0;
-  // The filesystem refused O_DIRECT (at open, or on the first read): this source reads through the page
+  // 1 where the filesystem refused O_DIRECT (at open, or on the first read): this source reads through the page
   // cache instead (tmpfs before Linux 6.6, some FUSE filesystems).
-  bool direct_refused = false;
-  // kAuto: the file's bytes the page cache held when the choice was made, and how that was measured:
-  // "cachestat", "mincore" or "nowait" (sampled with preadv2(RWF_NOWAIT)); "" where nothing could tell
-  // (then the cache is used) or the file was too small to ask (size < kAutoDirectMinBytes).
+  std::uint64_t direct_refused = 0;
+  // kAuto: the file's bytes the page cache held when the choice was made.
   std::uint64_t resident_bytes = 0;
+  // kAuto: how resident_bytes was measured: "cachestat", "mincore" or "nowait" (sampled with
+  // preadv2(RWF_NOWAIT)); "" where nothing could tell (then the cache is used) or the file was too small to ask
+  // (size < kAutoDirectMinBytes). A label (static storage), not a counter.
   std::string_view residency_probe = {};
 };
+
+// Every counter of SourceStats by the name the binding and the C API give it.
+struct SourceCounter {
+  const char* name;
+  std::uint64_t SourceStats::*field;
+};
+inline constexpr SourceCounter kSourceCounters[] = {
+    {"requests", &SourceStats::requests},
+    {"bytes_fetched", &SourceStats::bytes_fetched},
+    {"retries", &SourceStats::retries},
+    {"direct_bytes", &SourceStats::direct_bytes},
+    {"bounced_bytes", &SourceStats::bounced_bytes},
+    {"cached_bytes", &SourceStats::cached_bytes},
+    {"direct_refused", &SourceStats::direct_refused},
+    {"resident_bytes", &SourceStats::resident_bytes},
+};
+// A field added without its row fails here.
+static_assert(sizeof(SourceStats) == std::size(kSourceCounters) * sizeof(std::uint64_t) + sizeof(std::string_view),
+              "every SourceStats counter has a row in kSourceCounters");
 
 class SAFETENSORS_EXPORT Source {
  public:
@@ -150,8 +184,7 @@ class SAFETENSORS_EXPORT Source {
   virtual SourceStats stats() const { return {}; }
   // This source's bytes read through `backend` instead: a new Source over the same open file (not its path
   // again, which may name another file by now), of the same size(); nullptr where this source has no other way
-  // to be read (memory, remote: what they can do decides). Errors: kIo (the file could not be opened again),
-  // kInvalidArgument for kMemory.
+  // to be read (memory, remote: what they can do decides). Errors: kIo (the file could not be opened again).
   virtual Result<std::shared_ptr<const Source>> reopen(Backend backend) const;
 
  private:
@@ -170,7 +203,7 @@ SAFETENSORS_EXPORT Status read_exact(const Source& source, std::uint64_t offset,
 // SourceStats::direct_refused); kAuto resolves as its comment says. Only regular files are opened: the file is
 // opened without blocking (a FIFO with no writer does not hang) and a FIFO, socket, device or directory is
 // refused with kIo, "not a regular file (a FIFO)".
-// Errors: kNotFound (ENOENT), kIo (anything else, e.g. EACCES), kInvalidArgument for kMemory.
+// Errors: kNotFound (ENOENT), kIo (anything else, e.g. EACCES).
 SAFETENSORS_EXPORT Result<std::shared_ptr<const Source>> open_file_source(const std::string& path, Backend backend);
 
 // A Source over [bytes.data(), bytes.data() + bytes.size()). `owner` keeps that memory alive for as long as
@@ -179,65 +212,6 @@ SAFETENSORS_EXPORT std::shared_ptr<const Source> memory_source(std::span<const s
                                                                std::shared_ptr<const void> owner,
                                                                std::string name = "<memory>");
 
-// Test doubles that ship with the seam (as LevelDB ships memenv and its fault-injecting Envs).
-namespace testing {
-
-// Forwards to a base Source and injects faults, one atomic flag per fault. Safe for concurrent use.
-class SAFETENSORS_EXPORT FaultySource final : public Source {
- public:
-  explicit FaultySource(std::shared_ptr<const Source> base);
-  ~FaultySource() override;
-
-  // The faults and counters apply to every read (read(), pread_into(), read_exact()).
-  // When set, every read returns kIo as if the file ended before the requested bytes.
-  std::atomic<bool> short_read{false};
-  // When >= 0, a read whose range contains this offset fails with kIo (EIO).
-  std::atomic<std::int64_t> eio_at_offset{-1};
-  // When >= 0, the file seems to end here (it shrank after it was opened): a read that reaches past this
-  // offset fails with kIo, "file is shorter than expected" (an empty read never fails). size() is unchanged,
-  // as for a real file.
-  std::atomic<std::int64_t> end_at_offset{-1};
-  // When set, data() returns nullptr, so callers must take the positional-read path.
-  std::atomic<bool> hide_mapping{false};
-  // Number of read() calls made, for asserting how many reads an operation took.
-  mutable std::atomic<std::uint64_t> reads{0};
-  // Total bytes requested through read().
-  mutable std::atomic<std::uint64_t> bytes_read{0};
-  // Total bytes hinted through prefetch() (forwarded to the base).
-  mutable std::atomic<std::uint64_t> bytes_prefetched{0};
-
-  const std::string& name() const override;
-  std::uint64_t size() const override;
-  std::string_view kind() const override;
-  const std::byte* data() const override;
-  bool writable() const override;
-  bool data_is_memory() const override;
-  void prefetch(std::uint64_t offset, std::uint64_t length) const override;
-  ReadHints read_hints() const override;
-  SourceStats stats() const override;
-  Result<std::shared_ptr<const Source>> reopen(Backend backend) const override;
-
- private:
-  Result<std::span<const std::byte>> read_checked(std::uint64_t offset, std::span<std::byte> dst,
-                                                  std::string_view what) const override;
-
-  std::shared_ptr<const Source> base_;
-};
-
-// Direct sources opened from now on read everything through bounce memory (true), straight into aligned
-// destinations where they can (false), or as the device under the file suggests (nullopt, the default; see
-// SourceStats and README). Process-wide; for tests only.
-SAFETENSORS_EXPORT void set_direct_bounce(std::optional<bool> always);
-
-// While set, open_file_source(path, kMmap) behaves as if mapping failed and returns a pread Source
-// (LevelDB's EnvPosixTestHelper::SetReadOnlyMMapLimit(0)). Process-wide; for tests only.
-SAFETENSORS_EXPORT void set_force_pread(bool force);
-
-// Number of file mappings currently alive in the process: lets tests assert that a mapping is released
-// exactly when the last view of it dies.
-SAFETENSORS_EXPORT std::uint64_t live_mappings();
-
-}  // namespace testing
 }  // namespace safetensors
 
 #endif  // SAFETENSORS_SOURCE_H_

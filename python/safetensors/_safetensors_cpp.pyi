@@ -26,7 +26,9 @@ from safetensors import (
 
 
 class SlicePlan:
-    """A planned index expression over one tensor."""
+    """
+    A planned index expression over one tensor. Immutable: may be shared by threads.
+    """
 
     @property
     def shape(self) -> tuple[int, ...]: ...
@@ -51,7 +53,7 @@ class SlicePlan:
 
 class PySafeSlice:
     """
-    A tensor not read yet: get_shape(), get_dtype(), len() and [index] with numpy semantics (read through safe_open's reader).
+    A tensor not read yet: get_shape(), get_dtype(), len() and [index] with numpy semantics (read through safe_open's reader). Immutable: may be shared by threads.
     """
 
     def __len__(self) -> int: ...
@@ -65,7 +67,9 @@ class PySafeSlice:
         """The tensor's dtype code, e.g. "F32"."""
 
 class SafeOpenBase:
-    """The native part of safe_open: the open file that get_slice serves."""
+    """
+    The native part of safe_open: the open file that get_slice serves. Safe for concurrent use by multiple threads, _detach included.
+    """
 
     def get_slice(self, name: str) -> PySafeSlice:
         """A lazy handle on tensor ``name`` that reads only what an index expression selects."""
@@ -80,7 +84,9 @@ class SafeOpenBase:
         """Lets go of the file: get_slice and _open raise "File is closed" from now on."""
 
 class File:
-    """An open, validated safetensors file (or in-memory bytes)."""
+    """
+    An open, validated safetensors file (or in-memory bytes). Safe for concurrent use by multiple threads (every method).
+    """
 
     def __init__(self, path: str, backend: str = 'mmap', max_header_bytes: int = 100000000, remote: list[tuple[str, str]] = []) -> None:
         """
@@ -314,7 +320,7 @@ class PrefetchEvent:
 
 class Prefetcher:
     """
-    A plan of data-buffer ranges read in the background (the C++ engine). Each plan item is (tensor name, begin, end, dst): dst an address of end - begin writable bytes (direct) or None (staged: bytes come through slabs of the process-wide pool).
+    A plan of data-buffer ranges read in the background (the C++ engine). Each plan item is (tensor name, begin, end, dst): dst an address of end - begin writable bytes (direct) or None (staged: bytes come through slabs of the process-wide pool). May be shared by threads: close() from one makes the others' calls raise.
     """
 
     def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = 8, chunk_bytes: int = 8388608, merge_gap: int = 0, max_slabs: int = 0) -> None: ...
@@ -357,7 +363,7 @@ class Prefetcher:
 
 class CopyQueue:
     """
-    The engine's slab rule for copies that complete later than they are issued: each staged event's slab goes back to the Prefetcher once the copy out of it completed.
+    The engine's slab rule for copies that complete later than they are issued: each staged event's slab goes back to the Prefetcher once the copy out of it completed. One thread at a time (external synchronization).
     """
 
     def __init__(self, prefetcher: Prefetcher, done: Callable[[Any], bool], wait: Callable[[Any], None]) -> None:
@@ -411,7 +417,7 @@ def slab_pool_stats() -> dict[str, int]:
 
 class ShardIndex:
     """
-    A parsed, validated index file (model.safetensors.index.json): which shard holds each tensor. Every index rule lives here (and in ShardedFile.open_index, built on it).
+    A parsed, validated index file (model.safetensors.index.json): which shard holds each tensor. Every index rule lives here (and in ShardedFile.open_index, built on it). Immutable: may be shared by threads.
     """
 
     @staticmethod
@@ -461,7 +467,7 @@ class ShardIndex:
 
 class ShardedFile:
     """
-    Several safetensors files seen as one set of tensors: an index's shards (only the tensors it assigns to each) or a list of files.
+    Several safetensors files seen as one set of tensors: an index's shards (only the tensors it assigns to each) or a list of files. Safe for concurrent use by multiple threads, as File is.
     """
 
     @staticmethod
@@ -518,7 +524,9 @@ class ShardedFile:
         """
 
 class ShardPlan:
-    """Where each tensor goes: shard file names, members, the index text."""
+    """
+    Where each tensor goes: shard file names, members, the index text. Immutable: may be shared by threads.
+    """
 
     @property
     def shards(self) -> list[tuple[str, list[int], int]]:

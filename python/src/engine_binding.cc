@@ -1,5 +1,8 @@
 // The engine (engine.h) in _safetensors_cpp: Prefetcher, PrefetchEvent and the process-wide slab pool.
 //
+// Threads: a Prefetcher may be shared (every method, close() included, from any thread); a CopyQueue is used
+// by one thread at a time (the loader that made it); PrefetchEvent is immutable.
+//
 // Declarative defs over the C++ API. A Python Prefetcher owns a shared reference to the C++ one: each call
 // takes its own reference while it holds the GIL and drops it with the GIL released, so close() from one thread
 // never destroys the engine under another thread's next(); the last reference cancels and joins the readers,
@@ -51,10 +54,15 @@ class PyPrefetcher {
   PyPrefetcher(const PyPrefetcher&) = delete;
   PyPrefetcher& operator=(const PyPrefetcher&) = delete;
 
-  // REQUIRES: the GIL is held.
+  // A reference of the caller's own. REQUIRES: the GIL is held (the thread is attached, free-threaded).
   std::shared_ptr<Prefetcher> ref() const {
-    if (!p_) check(Status(Error::invalid_argument("", "prefetcher closed")));
-    return p_;
+    std::shared_ptr<Prefetcher> p;
+    {
+      nb::ft_lock_guard lock(mutex_);
+      p = p_;
+    }
+    if (!p) check(Status(Error::invalid_argument("", "prefetcher closed")));
+    return p;
   }
 
   // Runs fn(prefetcher) with the GIL released.
@@ -69,14 +77,21 @@ class PyPrefetcher {
   }
 
   void close() {
-    std::shared_ptr<Prefetcher> p = std::move(p_);
+    std::shared_ptr<Prefetcher> p;
+    {
+      nb::ft_lock_guard lock(mutex_);
+      p = std::move(p_);
+    }
     if (!p) return;
     without_gil([&] { p->cancel(); });
     drop(p);
   }
 
  private:
-  std::shared_ptr<Prefetcher> p_;
+  // The GIL used to make copying p_ and close()'s move of it atomic; a free-threaded Python has no GIL, so
+  // nanobind's ft_mutex does (it compiles to nothing where there is a GIL). Held for the copy or move only.
+  mutable nb::ft_mutex mutex_;
+  std::shared_ptr<Prefetcher> p_;  // GUARDED_BY(mutex_); null once closed
 };
 
 // A CopyQueue (engine.h) over a Python Prefetcher, whose completions are Python calls: add(event, ...) records
@@ -276,7 +291,8 @@ void bind_engine(nb::module_& m) {
   nb::class_<PyPrefetcher>(m, "Prefetcher",
                            "A plan of data-buffer ranges read in the background (the C++ engine). Each plan item is "
                            "(tensor name, begin, end, dst): dst an address of end - begin writable bytes (direct) or "
-                           "None (staged: bytes come through slabs of the process-wide pool).")
+                           "None (staged: bytes come through slabs of the process-wide pool). May be shared by "
+                           "threads: close() from one makes the others' calls raise.")
       .def(
           "__init__",
           [](PyPrefetcher* self, const File& f, const std::vector<PyPiece>& plan, unsigned threads,
@@ -370,9 +386,11 @@ void bind_engine(nb::module_& m) {
           nb::sig("def stats(self) -> dict[str, int]"),
           "Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...");
 
-  nb::class_<PyCopyQueue>(m, "CopyQueue",
-                          "The engine's slab rule for copies that complete later than they are issued: each "
-                          "staged event's slab goes back to the Prefetcher once the copy out of it completed.")
+  nb::class_<PyCopyQueue>(
+      m, "CopyQueue",
+      "The engine's slab rule for copies that complete later than they are issued: each "
+      "staged event's slab goes back to the Prefetcher once the copy out of it completed. One thread "
+      "at a time (external synchronization).")
       .def(
           "__init__",
           [](PyCopyQueue* self, const PyPrefetcher& prefetcher, nb::object done, nb::object wait) {

@@ -34,6 +34,7 @@
 #include "safetensors/file.h"
 #include "safetensors/slice.h"
 #include "safetensors/source.h"
+#include "safetensors/testing.h"
 #include "safetensors/writer.h"
 
 #include "dtype_binding.h"
@@ -95,13 +96,12 @@ nb::list make_list(std::size_t n, MakeItem&& make_item) {
   return list;
 }
 
-const char* backend_name(Backend b) {
+const char* backend_name(ReadPath b) {
   switch (b) {
-    case Backend::kMmap: return "mmap";
-    case Backend::kPread: return "pread";
-    case Backend::kMemory: return "memory";
-    case Backend::kDirect: return "direct";
-    case Backend::kAuto: return "auto";
+    case ReadPath::kMmap: return "mmap";
+    case ReadPath::kPread: return "pread";
+    case ReadPath::kMemory: return "memory";
+    case ReadPath::kDirect: return "direct";
   }
   return "unknown";
 }
@@ -154,7 +154,8 @@ NB_MODULE(_safetensors_cpp, m) {
 
   register_errors(m);
 
-  nb::class_<SlicePlan>(m, "SlicePlan", "A planned index expression over one tensor.")
+  nb::class_<SlicePlan>(m, "SlicePlan",
+                        "A planned index expression over one tensor. Immutable: may be shared by threads.")
       .def_prop_ro(
           "shape", [](const SlicePlan& p) { return shape_tuple(p.shape()); },
           nb::sig("def shape(self) -> tuple[int, ...]"))
@@ -177,7 +178,9 @@ NB_MODULE(_safetensors_cpp, m) {
 
   bind_py_slice(m);
 
-  nb::class_<File>(m, "File", "An open, validated safetensors file (or in-memory bytes).")
+  nb::class_<File>(m, "File",
+                   "An open, validated safetensors file (or in-memory bytes). Safe for concurrent use by "
+                   "multiple threads (every method).")
       .def(
           "__init__",
           [](File* self, const std::string& path, nb::handle backend, std::uint64_t max_header_bytes,
@@ -195,7 +198,7 @@ NB_MODULE(_safetensors_cpp, m) {
           [](nb::handle data, std::uint64_t max_header_bytes) {
             std::span<const std::byte> bytes;
             auto owner = pin_buffer(data, &bytes);
-            OpenOptions options{Backend::kMemory, max_header_bytes};
+            OpenOptions options{.max_header_bytes = max_header_bytes};
             return check(File::open(memory_source(bytes, std::move(owner)), options), Op::kOpenBytes);
           },
           "data"_a, "max_header_bytes"_a = kDefaultMaxHeaderBytes,
@@ -211,14 +214,7 @@ NB_MODULE(_safetensors_cpp, m) {
           [](const File& f) {
             const SourceStats s = f.source()->stats();
             nb::dict d;
-            d["requests"] = s.requests;
-            d["bytes_fetched"] = s.bytes_fetched;
-            d["retries"] = s.retries;
-            d["direct_bytes"] = s.direct_bytes;
-            d["bounced_bytes"] = s.bounced_bytes;
-            d["cached_bytes"] = s.cached_bytes;
-            d["direct_refused"] = int(s.direct_refused);
-            d["resident_bytes"] = s.resident_bytes;
+            for (const SourceCounter& c : kSourceCounters) d[c.name] = s.*c.field;
             d["residency_probe"] = nb::str(s.residency_probe.data(), s.residency_probe.size());
             return d;
           },

@@ -89,18 +89,52 @@ PyMethodDef kMethods[] = {
 // that `f.get_slice(name)` is one specialised method lookup and one C call.
 struct BaseObject {
   PyObject ob_base;
-  PyObject* file;    // the File (a nanobind instance); NULL before _attach and after _detach
+  // Both NULL before _attach and after _detach. Read and written under the object's critical section
+  // (open_refs, swap_refs), or by the collector and dealloc, when no other thread can reach the object.
+  PyObject* file;    // the File (a nanobind instance)
   PyObject* reader;  // the _Reader
 };
 
 BaseObject* as_base(PyObject* self) { return reinterpret_cast<BaseObject*>(self); }
 
-// Whether the base is open (attached and not detached); else false with the reference's SafetensorError set.
-// The one place that decides and words "closed": safe_open's Python methods ask _open().
-bool check_open(const BaseObject* base) {
-  if (base->file != nullptr) return true;
+// The File and the _Reader of an open base, as references of the caller's own; false with the reference's
+// SafetensorError "File is closed" set when it is not open (never attached, or detached). The one place that
+// decides and words "closed": safe_open's Python methods ask _open().
+//
+// Threads: _attach and _detach may run on another thread at any moment. Every read and write of the pair is
+// inside the object's critical section (nanobind's ft_object_guard: PyCriticalSection on a free-threaded
+// Python, nothing where the GIL already makes these few statements atomic), and a call goes on with its own
+// references, so a concurrent _detach never frees the File under it: a call that got the pair completes, and
+// every call after _detach raises "File is closed". References are dropped outside the critical section (a
+// File's destructor unmaps).
+bool open_refs(PyObject* self, nb::object* file, nb::object* reader) {
+  {
+    nb::ft_object_guard guard(self);
+    const BaseObject* base = as_base(self);
+    if (base->file != nullptr) {
+      *file = nb::borrow(base->file);
+      *reader = nb::borrow(base->reader);
+    }
+  }
+  if (file->is_valid()) return true;
   set_python_message(Error::Kind::kInvalidArgument, "File is closed");
   return false;
+}
+
+// Replaces the pair with (file, reader) (new references, or both null), under the critical section; the old
+// pair is released after it.
+void swap_refs(PyObject* self, PyObject* file, PyObject* reader) {
+  PyObject* old_file;
+  PyObject* old_reader;
+  {
+    nb::ft_object_guard guard(self);
+    old_file = as_base(self)->file;
+    old_reader = as_base(self)->reader;
+    as_base(self)->file = file;
+    as_base(self)->reader = reader;
+  }
+  Py_XDECREF(old_file);
+  Py_XDECREF(old_reader);
 }
 
 // A new handle on `tensor` of `file`, or NULL with an exception set.
@@ -140,8 +174,8 @@ PyObject* base_get_slice(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     PyErr_SetString(PyExc_TypeError, "safe_open.get_slice() missing 1 required positional argument: 'name'");
     return nullptr;
   }
-  BaseObject* base = as_base(self);
-  if (!check_open(base)) return nullptr;
+  nb::object file, reader;
+  if (!open_refs(self, &file, &reader)) return nullptr;
   if (!PyUnicode_Check(name)) {
     PyErr_Format(PyExc_TypeError, "argument 'name': '%s' object is not an instance of 'str'", Py_TYPE(name)->tp_name);
     return nullptr;
@@ -150,12 +184,12 @@ PyObject* base_get_slice(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   const char* utf8 = PyUnicode_AsUTF8AndSize(name, &size);
   if (utf8 == nullptr) return nullptr;
   Result<const TensorInfo*> tensor =
-      nb::inst_ptr<File>(base->file)->info(std::string_view(utf8, static_cast<std::size_t>(size)));
+      nb::inst_ptr<File>(file)->info(std::string_view(utf8, static_cast<std::size_t>(size)));
   if (!tensor.ok()) {
     set_python_error(tensor.error());
     return nullptr;
   }
-  return new_slice(base->file, base->reader, *tensor);
+  return new_slice(file.ptr(), reader.ptr(), *tensor);
 }
 
 // _attach(file, reader): what get_slice serves from now on. `file` must be an initialised File: get_slice
@@ -167,19 +201,19 @@ PyObject* base_attach(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   }
   Py_INCREF(args[0]);
   Py_INCREF(args[1]);
-  Py_XSETREF(as_base(self)->file, args[0]);
-  Py_XSETREF(as_base(self)->reader, args[1]);
+  swap_refs(self, args[0], args[1]);
   Py_RETURN_NONE;
 }
 
 // _open(): the _Reader of an open base; SafetensorError "File is closed" otherwise.
 PyObject* base_open(PyObject* self, PyObject*) {
-  const BaseObject* base = as_base(self);
-  if (!check_open(base)) return nullptr;
-  Py_INCREF(base->reader);  // not Py_NewRef: Python 3.9 has none
-  return base->reader;
+  nb::object file, reader;
+  if (!open_refs(self, &file, &reader)) return nullptr;
+  return reader.release().ptr();
 }
 
+// The collector's tp_clear, and dealloc's: no other thread uses the object then (the free-threaded collector
+// stops the world), so no critical section.
 int base_clear(PyObject* self) {
   Py_CLEAR(as_base(self)->file);
   Py_CLEAR(as_base(self)->reader);
@@ -187,9 +221,9 @@ int base_clear(PyObject* self) {
 }
 
 // _detach(): lets go of the File (its mapping or descriptor), as closing does; get_slice and _open raise
-// "File is closed" from now on, and handles already made keep their own references.
+// "File is closed" from now on, and handles and calls already under way keep their own references.
 PyObject* base_detach(PyObject* self, PyObject*) {
-  base_clear(self);
+  swap_refs(self, nullptr, nullptr);
   Py_RETURN_NONE;
 }
 
@@ -226,8 +260,9 @@ PyMethodDef kBaseMethods[] = {
 
 void bind_py_slice(nb::module_& m) {
   static PyType_Slot slots[] = {
-      {Py_tp_doc, const_cast<char*>("A tensor not read yet: get_shape(), get_dtype(), len() and [index] with numpy "
-                                    "semantics (read through safe_open's reader).")},
+      {Py_tp_doc,
+       const_cast<char*>("A tensor not read yet: get_shape(), get_dtype(), len() and [index] with numpy "
+                         "semantics (read through safe_open's reader). Immutable: may be shared by threads.")},
       {Py_tp_new, reinterpret_cast<void*>(slice_new)},
       {Py_tp_dealloc, reinterpret_cast<void*>(slice_dealloc)},
       {Py_tp_methods, kMethods},
@@ -246,7 +281,9 @@ void bind_py_slice(nb::module_& m) {
   m.attr("PySafeSlice") = type;
 
   static PyType_Slot base_slots[] = {
-      {Py_tp_doc, const_cast<char*>("The native part of safe_open: the open file that get_slice serves.")},
+      {Py_tp_doc,
+       const_cast<char*>("The native part of safe_open: the open file that get_slice serves. Safe for concurrent use "
+                         "by multiple threads, _detach included.")},
       {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
       {Py_tp_dealloc, reinterpret_cast<void*>(base_dealloc)},
       {Py_tp_traverse, reinterpret_cast<void*>(base_traverse)},

@@ -58,7 +58,8 @@ ShardingOptions sharding_options(std::uint64_t max_shard_bytes, const std::strin
 void bind_sharded(nb::module_& m) {
   nb::class_<ShardIndex>(m, "ShardIndex",
                          "A parsed, validated index file (model.safetensors.index.json): which shard holds each "
-                         "tensor. Every index rule lives here (and in ShardedFile.open_index, built on it).")
+                         "tensor. Every index rule lives here (and in ShardedFile.open_index, built on it). Immutable: "
+                         "may be shared by threads.")
       .def_static(
           "read",
           [](const std::string& path, std::uint64_t max_bytes, const RemotePairs& remote) {
@@ -121,7 +122,8 @@ void bind_sharded(nb::module_& m) {
 
   nb::class_<ShardedFile>(m, "ShardedFile",
                           "Several safetensors files seen as one set of tensors: an index's shards (only the "
-                          "tensors it assigns to each) or a list of files.")
+                          "tensors it assigns to each) or a list of files. Safe for concurrent use by multiple "
+                          "threads, as File is.")
       .def_static(
           "open_index",
           [](const std::string& path, const std::string& backend, std::uint64_t max_header_bytes,
@@ -192,7 +194,9 @@ void bind_sharded(nb::module_& m) {
           "items"_a, "threads"_a = 0,
           "Reads [(name, ptr, nbytes)] from any shards with a pool of threads. Releases the GIL.");
 
-  nb::class_<ShardPlan>(m, "ShardPlan", "Where each tensor goes: shard file names, members, the index text.")
+  nb::class_<ShardPlan>(
+      m, "ShardPlan",
+      "Where each tensor goes: shard file names, members, the index text. Immutable: may be shared by threads.")
       .def_prop_ro(
           "shards",
           [](const ShardPlan& p) {

@@ -13,6 +13,7 @@ Error bad(std::string_view key, std::string_view expected) {
                                  "option \"" + std::string(key) + "\" takes " + std::string(expected));
 }
 
+// The spellings RemoteOptions::set documents (remote.h), and no others.
 Result<bool> parse_bool(std::string_view key, std::string_view v) {
   if (v == "1" || v == "true" || v == "True" || v == "yes") return true;
   if (v == "0" || v == "false" || v == "False" || v == "no") return false;

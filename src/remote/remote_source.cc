@@ -432,14 +432,15 @@ Result<std::shared_ptr<const Source>> open_remote_source(const std::string& url,
   const std::string name = redact_url(url);
   Target target;
   std::string_view kind;
-  if (internal::starts_with_nocase(url, "s3://")) {
+  const internal::Scheme scheme = internal::scheme_of(url);
+  if (scheme == internal::Scheme::kS3) {
     SAFETENSORS_ASSIGN_OR_RETURN(internal::S3Request s3, internal::resolve_s3(url, options));
     target.url = std::move(s3.url);
     target.sigv4 = std::move(s3.sigv4);
     target.userpwd = std::move(s3.userpwd);
     target.headers = std::move(s3.headers);
     kind = "s3";
-  } else if (is_remote_location(url)) {
+  } else if (scheme != internal::Scheme::kNone) {
     target.url = url;
     std::string token = options.bearer_token;
     if (token.empty() && internal::is_hub_host(internal::host_of(url))) {

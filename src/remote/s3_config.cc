@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "remote/url.h"
+
 namespace safetensors::internal {
 namespace {
 
@@ -113,9 +115,8 @@ std::string percent_encode_path(std::string_view key) {
 
 Result<S3Request> resolve_s3(std::string_view url, const RemoteOptions& options, const GetEnv& env) {
   const std::string shown = redact_url(url);
-  constexpr std::string_view kScheme = "s3://";
-  if (url.substr(0, kScheme.size()) != kScheme) return Error::invalid_argument(shown, "not an s3:// URL");
-  std::string_view rest = url.substr(kScheme.size());
+  if (scheme_of(url) != Scheme::kS3) return Error::invalid_argument(shown, "not an s3:// URL");
+  std::string_view rest = url.substr(scheme_length(Scheme::kS3));
   const auto slash = rest.find('/');
   if (slash == std::string_view::npos || slash == 0 || slash + 1 >= rest.size()) {
     return Error::invalid_argument(shown, "an s3:// URL names a bucket and a key: s3://BUCKET/KEY");

@@ -20,6 +20,24 @@ bool starts_with_nocase(std::string_view s, std::string_view prefix) {
   return true;
 }
 
+Scheme scheme_of(std::string_view location) {
+  for (const Scheme s : {Scheme::kHttp, Scheme::kHttps, Scheme::kS3}) {
+    const std::string_view prefix = s == Scheme::kHttp ? "http://" : s == Scheme::kHttps ? "https://" : "s3://";
+    if (starts_with_nocase(location, prefix)) return s;
+  }
+  return Scheme::kNone;
+}
+
+std::size_t scheme_length(Scheme scheme) {
+  switch (scheme) {
+    case Scheme::kNone: return 0;
+    case Scheme::kHttp: return std::string_view("http://").size();
+    case Scheme::kHttps: return std::string_view("https://").size();
+    case Scheme::kS3: return std::string_view("s3://").size();
+  }
+  return 0;
+}
+
 std::string host_of(std::string_view url) {
   const auto scheme = url.find("://");
   if (scheme == std::string_view::npos) return {};
@@ -42,10 +60,7 @@ bool is_hub_host(const std::string& host) {
 
 }  // namespace internal
 
-bool is_remote_location(std::string_view location) {
-  return internal::starts_with_nocase(location, "http://") || internal::starts_with_nocase(location, "https://") ||
-         internal::starts_with_nocase(location, "s3://");
-}
+bool is_remote_location(std::string_view location) { return internal::scheme_of(location) != internal::Scheme::kNone; }
 
 std::string redact_url(std::string_view url) {
   std::string_view s = url.substr(0, url.find_first_of("?#"));

@@ -34,6 +34,7 @@
 #include "safetensors/engine.h"
 #include "safetensors/file.h"
 #include "safetensors/source.h"
+#include "safetensors/testing.h"
 #include "safetensors/writer.h"
 #include "test_util.h"
 
@@ -99,7 +100,7 @@ std::span<const std::byte> expected(const Fixture& fx, const TensorInfo& t) {
 }
 
 // Whether `f` reads past the page cache (a filesystem may refuse; that is tested on its own below).
-bool reads_directly(const File& f) { return f.backend() == Backend::kDirect; }
+bool reads_directly(const File& f) { return f.backend() == ReadPath::kDirect; }
 
 // Direct sources opened while it lives read everything through bounce memory, or straight into aligned
 // destinations where they can, whatever the device under the file suggests.
@@ -342,7 +343,7 @@ TEST(DirectFallback, AFilesystemThatRefusesODirectAtOpenIsReadThroughTheCache) {
   auto f = File::open(fx.path, {.backend = Backend::kDirect});
   ASSERT_ST_OK(f);
   EXPECT_GT(g_refusals.load(), 0);
-  EXPECT_EQ(f->backend(), Backend::kPread);
+  EXPECT_EQ(f->backend(), ReadPath::kPread);
   EXPECT_EQ(f->source()->kind(), "pread");
   expect_whole_model(fx, *f);
   const SourceStats s = f->source()->stats();
@@ -358,6 +359,12 @@ TEST(DirectFallback, AFilesystemThatRefusesODirectAtOpenIsReadThroughTheCache) {
   safetensors_file_direct_stats(c, &bytes, nullptr, nullptr, &refused, nullptr);
   EXPECT_EQ(bytes, 0u);
   EXPECT_EQ(refused, 1);
+  std::uint64_t counter = 7;
+  EXPECT_EQ(safetensors_file_source_counter(c, "direct_refused", 14, &counter), 1);
+  EXPECT_EQ(counter, 1u);
+  EXPECT_EQ(safetensors_file_source_counter(c, "direct_refusedX", 15, &counter), 0);
+  EXPECT_EQ(safetensors_file_source_counter(c, "direct", 6, &counter), 0);
+  EXPECT_EQ(counter, 1u);
   safetensors_file_free(c);
 }
 
@@ -372,7 +379,7 @@ TEST(DirectFallback, AFilesystemThatRefusesTheFirstDirectReadIsReadThroughTheCac
   auto f = File::open(fx.path, {.backend = Backend::kDirect});
   ASSERT_ST_OK(f);
   EXPECT_EQ(g_refusals.load(), 1);
-  EXPECT_EQ(f->backend(), Backend::kPread);
+  EXPECT_EQ(f->backend(), ReadPath::kPread);
   expect_whole_model(fx, *f);
   EXPECT_EQ(g_refusals.load(), 1);  // no direct read was tried again
   const SourceStats s = f->source()->stats();
@@ -400,7 +407,7 @@ TEST(DirectFallback, TmpfsIsReadWhicheverWayTheKernelAllowsWithoutAnError) {
   // Resident, as tmpfs always is: kAuto reads it through the cache (where it is large enough to ask).
   auto a = File::open(shm, {.backend = Backend::kAuto});
   ASSERT_ST_OK(a);
-  EXPECT_EQ(a->backend(), Backend::kPread);
+  EXPECT_EQ(a->backend(), ReadPath::kPread);
   expect_whole_model(fx, *a);
   ::unlink(shm.c_str());
 }
@@ -480,7 +487,7 @@ TEST_P(AutoChoice, ACachedFileIsReadThroughTheCacheAnEvictedOneDirectly) {
   if (s.residency_probe.empty()) GTEST_SKIP() << "no residency probe works here";
   ASSERT_EQ(s.residency_probe, GetParam());
   EXPECT_GE(s.resident_bytes, cached->size() * 9 / 10);
-  EXPECT_EQ(cached->backend(), Backend::kPread);
+  EXPECT_EQ(cached->backend(), ReadPath::kPread);
   EXPECT_EQ(cached->source()->kind(), "pread");
 
   evict(path);
@@ -490,7 +497,7 @@ TEST_P(AutoChoice, ACachedFileIsReadThroughTheCacheAnEvictedOneDirectly) {
   s = cold->source()->stats();
   EXPECT_EQ(s.residency_probe, GetParam());
   EXPECT_LT(s.resident_bytes, cold->size() / 10);
-  EXPECT_EQ(cold->backend(), Backend::kDirect);
+  EXPECT_EQ(cold->backend(), ReadPath::kDirect);
   EXPECT_EQ(cold->source()->kind(), "direct");
   // Read directly: the file stays out of the cache.
   std::vector<std::byte> w(cold->tensors()[0].nbytes());
@@ -509,7 +516,7 @@ TEST(AutoChoiceSmall, AFileBelowTheThresholdIsReadThroughTheCacheWithoutAProbe) 
   evict(fx.path);
   auto f = File::open(fx.path, {.backend = Backend::kAuto});
   ASSERT_ST_OK(f);
-  EXPECT_EQ(f->backend(), Backend::kPread);
+  EXPECT_EQ(f->backend(), ReadPath::kPread);
   EXPECT_TRUE(f->source()->stats().residency_probe.empty());
   expect_whole_model(fx, *f);
 }
@@ -528,13 +535,13 @@ TEST(WithBackend, ReadsTheSameOpenFileAnotherWaySharingTheHeader) {
 
   auto direct = mapped->with_backend(Backend::kDirect);
   ASSERT_ST_OK(direct);
-  EXPECT_EQ(direct->backend(), Backend::kDirect);
+  EXPECT_EQ(direct->backend(), ReadPath::kDirect);
   EXPECT_EQ(&direct->tensors(), &mapped->tensors());
   EXPECT_EQ(direct->find("t15"), mapped->find("t15"));
   expect_whole_model(fx, *direct);
   auto back = direct->with_backend(Backend::kPread);
   ASSERT_ST_OK(back);
-  EXPECT_EQ(back->backend(), Backend::kPread);
+  EXPECT_EQ(back->backend(), ReadPath::kPread);
   expect_whole_model(fx, *back);
 
   // A memory source has no other way: the same File.

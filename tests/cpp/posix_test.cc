@@ -73,7 +73,7 @@ struct FreshMemory {
   std::size_t size;
 };
 
-// Issue 16: a read into memory that is not there yet faults each kFillStep step in (one MADV_POPULATE_WRITE)
+// A read into memory that is not there yet faults each kFillStep step in (one MADV_POPULATE_WRITE)
 // just before filling it, whatever the destination's alignment against the file offset; memory already
 // resident and small destinations are left to the copy. The bytes are the file's either way.
 TEST(PosixTest, ReadsPrefaultEachStepOfFreshMemoryOnly) {

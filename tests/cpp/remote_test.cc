@@ -95,6 +95,18 @@ TEST(RemoteOptionsTest, ParsesEveryKindOfValueAndNeverEchoesOne) {
   ASSERT_ST_OK(o.set("anonymous", "true"));
   ASSERT_ST_OK(o.set("connections", "4"));
   ASSERT_ST_OK(o.set("path_style", "0"));
+  // Booleans: the spellings remote.h lists, and no others.
+  for (const char* yes : {"true", "True", "1", "yes"}) {
+    ASSERT_ST_OK(o.set("verify_tls", "false"));
+    ASSERT_ST_OK(o.set("verify_tls", yes));
+    EXPECT_TRUE(o.verify_tls) << yes;
+  }
+  for (const char* no : {"false", "False", "0", "no"}) {
+    ASSERT_ST_OK(o.set("verify_tls", "true"));
+    ASSERT_ST_OK(o.set("verify_tls", no));
+    EXPECT_FALSE(o.verify_tls) << no;
+  }
+  for (const char* neither : {"TRUE", "on", "2", ""}) EXPECT_ST_ERROR(o.set("verify_tls", neither), kInvalidArgument);
   ASSERT_ST_OK(o.set("header", "X-Test: 1"));
   EXPECT_EQ(o.endpoint_url, "http://127.0.0.1:1");
   EXPECT_EQ(o.access_key_id, "AKID");
@@ -144,6 +156,21 @@ TEST(S3ConfigTest, EnvironmentCredentialsAndAwsVirtualHostedUrl) {
   auto dotted = internal::resolve_s3("s3://my.bucket/k", {}, env.get());
   ASSERT_ST_OK(dotted);
   EXPECT_EQ(dotted->url, "https://s3.eu-west-1.amazonaws.com/my.bucket/k");
+}
+
+// A scheme is case-insensitive (RFC 3986): "S3://" is an S3 URL to every part of the library, not a remote
+// location that resolve_s3 then refuses.
+TEST(S3ConfigTest, TheSchemeIsCaseInsensitive) {
+  TempDir home;
+  FakeEnv env{{{"HOME", home.path().string()}, {"AWS_ACCESS_KEY_ID", "AKID"}, {"AWS_SECRET_ACCESS_KEY", "SECRET"}}};
+  EXPECT_TRUE(is_remote_location("S3://b/k"));
+  auto upper = internal::resolve_s3("S3://my-bucket/Key.safetensors", {}, env.get());
+  ASSERT_ST_OK(upper);
+  auto lower = internal::resolve_s3("s3://my-bucket/Key.safetensors", {}, env.get());
+  ASSERT_ST_OK(lower);
+  EXPECT_EQ(upper->url, lower->url);
+  EXPECT_EQ(upper->sigv4, lower->sigv4);
+  EXPECT_ST_ERROR(internal::resolve_s3("https://my-bucket/k", {}, env.get()), kInvalidArgument);
 }
 
 TEST(S3ConfigTest, ProfileFilesEndpointAndPrecedence) {
@@ -267,7 +294,7 @@ TEST(RemoteSourceTest, LoadsEveryTensorByteForByteWithoutRequestingAByteTwice) {
   const int requests_to_open = server.requests();
   EXPECT_EQ(requests_to_open, 1);
   EXPECT_EQ(file->path(), server.url());  // the query is not part of the name
-  EXPECT_EQ(file->backend(), Backend::kPread);
+  EXPECT_EQ(file->backend(), ReadPath::kPread);
   EXPECT_EQ(file->source()->kind(), "http");
   EXPECT_EQ(file->source()->read_hints().parallelism, 4u);
   expect_same_tensors(*file, bytes);

@@ -21,6 +21,7 @@
 #include "safetensors/error.h"
 #include "safetensors/file.h"
 #include "safetensors/source.h"
+#include "safetensors/testing.h"
 #include "safetensors/writer.h"
 
 namespace safetensors::test {
@@ -105,6 +106,18 @@ inline std::string read_bytes(const std::string& path) {
 inline Result<File> open_bytes(std::string bytes, const OpenOptions& options = {}) {
   auto owner = std::make_shared<std::string>(std::move(bytes));
   return File::open(memory_source(as_bytes(*owner), owner), options);
+}
+
+// What File::backend() reports for a file opened with `b` where nothing falls back. REQUIRES: b is not kAuto.
+inline ReadPath read_path_of(Backend b) {
+  switch (b) {
+    case Backend::kMmap: return ReadPath::kMmap;
+    case Backend::kPread: return ReadPath::kPread;
+    case Backend::kDirect: return ReadPath::kDirect;
+    case Backend::kAuto: break;
+  }
+  ADD_FAILURE() << "kAuto has no read path of its own";
+  return ReadPath::kPread;
 }
 
 inline std::vector<std::uint64_t> shape_of(const TensorInfo& t) { return {t.shape.begin(), t.shape.end()}; }
