@@ -849,7 +849,7 @@ def targets(cfg: Dict[str, Any], res: Results) -> List[Dict[str, Any]]:
                 ratio_target(f"8/{temp}/{size}/ours", f"fresh-process load, {temp}, {s}, vs "
                              f"{ceiling['label'] if ceiling else 'the ' + temp + ' pread ceiling'}", ours, ceiling, 0.9,
                              bandwidth=True)
-                # Issue 26: the direct path cold, and the automatic choice against the better of the two paths.
+                # The direct path cold, and the automatic choice against the better of the two paths.
                 direct, auto = res.get(f"8/{temp}/{size}/ours_direct"), res.get(f"8/{temp}/{size}/ours_auto")
                 if temp == "cold":
                     ratio_target(f"8/{temp}/{size}/ours_direct", f"fresh-process direct load, cold, {s}, vs "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks (issue 5): this package against the reference safetensors 0.8.0, torch.save/torch.load and
+# Benchmarks: this package against the reference safetensors 0.8.0, torch.save/torch.load and
 # numpy, next to the machine's own ceilings (memcpy, first touch, warm/cold pread) measured in the same run.
 # Sets everything up (scripts/setup.sh), then runs bench/run.py, which writes BENCHMARKS.md, the plot
 # bench/results.png and every sample in bench/results.json.

@@ -41,8 +41,8 @@ export PYTHONPATH=/tmp/st
 $PY -c 'import safetensors; assert "+cpp" in safetensors.__version__, safetensors.__file__; print(safetensors.__file__)'
 
 stamp "GPU tests"
-$PY -m pytest -q -p no:cacheprovider tests/python/test_cuda.py tests/python/test_torch.py tests/python/test_api.py \
-  tests/python/test_prefetch.py \
+$PY -m pytest -q -p no:cacheprovider tests/python/devices/test_cuda.py tests/python/frameworks/test_torch.py \
+  tests/python/api/test_api.py tests/python/prefetch/test_prefetch.py \
   2>&1 | tee "$RESULTS/gpu_tests.log" | tail -15
 
 stamp "distributed load over NCCL, one GPU per rank"

@@ -1,8 +1,8 @@
 """The framework-independent base every other module builds on: the dtype table's rows, the byte order,
-``TensorSpec`` with ``serialize``/``serialize_file``/``deserialize``, ``TensorMeta``, and small helpers.
+``Piece`` (a tensor's dtype, shape and byte range: the record every load passes around), ``TensorSpec`` with ``serialize``/``serialize_file``/``deserialize``, ``TensorMeta``, and small helpers.
 
-It talks to the C++ library through ``_safetensors_cpp`` and knows no framework: ``safe_open`` is in
-``_safe_open.py``, what a framework module is made of in ``_adapter.py``.
+It talks to the C++ library through ``_safetensors_cpp`` and imports no other module of the package: it knows no
+framework (``safe_open`` is in ``_safe_open.py``, what a framework module is made of in ``_framework.py``).
 """
 
 from __future__ import annotations
@@ -10,18 +10,21 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+import sys
+import threading
+from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _safetensors_cpp as _cpp
 from ._safetensors_cpp import SafetensorError, SafetensorIOError, SafetensorSliceError
-from ._strategies import HOST_SWAPS
 
 __all__ = [
     "DTYPES",
     "HOST_SWAPS",
+    "Box",
     "DtypeRow",
     "Flattened",
     "PathLike",
+    "Piece",
     "SafetensorError",
     "SafetensorIOError",
     "SafetensorSliceError",
@@ -63,6 +66,43 @@ class DtypeRow(NamedTuple):
 #: The one dtype table, read from the C++ library, in rank order.
 DTYPES: Dict[str, DtypeRow] = {row[0]: DtypeRow(*row) for row in _cpp.dtype_table()}
 _CODE_BY_TORCH_NAME: Dict[str, str] = {r.torch_name: r.code for r in DTYPES.values() if r.torch_name}
+
+#: Codes whose bytes in a file are not this host's values: the multi-byte types on a big-endian host. Their
+#: tensors are never views of a file: they are read into memory of their own, where the C++ library swaps
+#: them (every read into caller memory gives native values; the binding's view/view_all give None for them),
+#: and saving swaps back on the way out.
+HOST_SWAPS: FrozenSet[str] = frozenset(
+    code for code, row in DTYPES.items() if row.swap_bytes and sys.byteorder == "big"
+)
+
+#: A region of a tensor: one (start, stop) per dimension, in elements.
+Box = Tuple[Tuple[int, int], ...]
+
+
+class Piece(NamedTuple):
+    """A tensor, or the part of one that a load plan selects (engine.h's Piece where it is one byte range):
+    ``(code, shape, begin, end)`` as ``File.info`` gives a whole tensor, plus the ``box`` of a part that is not
+    one contiguous run.
+
+    ``shape`` is the shape of what it holds; ``begin``/``end`` are data-buffer offsets: the bytes it holds when
+    ``box`` is None, else the span its strided runs lie in (``end > begin`` exactly when it holds bytes).
+    ``box`` (one (start, stop) per dimension) is set only for a piece that is not one contiguous run."""
+
+    code: str
+    shape: Tuple[int, ...]
+    begin: int
+    end: int
+    box: Optional[Box] = None
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the piece holds (packed, C-contiguous)."""
+        if self.box is None:
+            return self.end - self.begin
+        count = 1
+        for n in self.shape:
+            count *= n
+        return count * DTYPES[self.code].bits // 8
 
 #: Codes whose torch type packs several values per element (F4 as float4_e2m1fn_x2): their shapes convert by the
 #: dtype table's rule (include/safetensors/dtype.h's torch_shape and header_shape).
@@ -108,17 +148,31 @@ def remote_pairs(storage_options: Optional[StorageOptions]) -> List[Tuple[str, s
     return pairs
 
 
+# gc_paused's state: the collector is process-wide, and loads on several threads pause it at once. The first
+# to enter disables it (noting whether it was enabled), the last to leave restores it; the GIL is not the lock.
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
 @contextlib.contextmanager
 def gc_paused():
     """Pauses the cyclic garbage collector while thousands of tensors are built: their containers are not
-    garbage, and repeated collections over them would cost more than building them (4x on 20k tensors)."""
-    enabled = gc.isenabled()
-    gc.disable()
+    garbage, and repeated collections over them would cost more than building them (4x on 20k tensors).
+    Thread-safe: the collector runs again once every thread in here has left."""
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 class TensorMeta:

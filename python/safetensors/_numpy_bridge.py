@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Tuple
 
 import numpy as np
 
-from ._adapter import Framework
+from ._framework import Framework
 from ._core import DTYPES, HOST_SWAPS, SafetensorError, to_little_endian
 from ._engine import host_view
 

@@ -14,48 +14,23 @@ plan is explicit, so a bound out of range is an error naming the tensor.
 A piece whose bytes are one contiguous run of the file (rows, a whole tensor, or a box that only narrows its
 leading dimensions to one index before the first narrowed one) is a byte range ``[begin, end)``; any other box
 (a shard of an inner dimension) is read as strided runs by the library's slice reader (``File.read_slice``,
-which reads runs close together as one read and the rest as separate reads), and carries its ``box``.
+which reads runs close together as one read and the rest as separate reads), and carries its ``box``. Pieces
+are ``_core.Piece``.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _safetensors_cpp as _cpp
-from ._core import DTYPES
+from ._core import DTYPES, Box, Piece
 from ._safetensors_cpp import SafetensorError
 
-__all__ = ["Box", "Piece", "PlanValue", "checked_plan", "plan_pieces", "read_box"]
+__all__ = ["PlanValue", "box_rows", "checked_plan", "plan_pieces", "read_box", "row_bytes"]
 
-#: One (start, stop) per dimension of the tensor.
-Box = Tuple[Tuple[int, int], ...]
 #: What a plan says of one tensor.
 PlanValue = Union[None, slice, Tuple[slice, ...]]
-
-
-class Piece(NamedTuple):
-    """A tensor's part in a load plan (engine.h's Piece where it is one byte range).
-
-    ``shape`` is the shape of what it holds; ``begin``/``end`` are data-buffer offsets: the bytes it holds when
-    ``box`` is None, else the span its strided runs lie in (``end > begin`` exactly when it holds bytes).
-    ``box`` (one (start, stop) per dimension) is set only for a piece that is not one contiguous run."""
-
-    code: str
-    shape: Tuple[int, ...]
-    begin: int
-    end: int
-    box: Optional[Box] = None
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes the piece holds (packed, C-contiguous)."""
-        if self.box is None:
-            return self.end - self.begin
-        count = 1
-        for n in self.shape:
-            count *= n
-        return count * DTYPES[self.code].bits // 8
 
 
 def checked_plan(plan: Any) -> Dict[str, PlanValue]:

@@ -25,10 +25,11 @@ import collections
 import threading
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from ._plan import Piece, checked_plan, plan_pieces, read_box
+from ._core import Piece
+from ._plan import read_box
 from ._safetensors_cpp import SafetensorError
 
-__all__ = ["Piece", "PrefetchLoader", "TensorStream", "checked_plan", "plan_pieces"]
+__all__ = ["PrefetchLoader", "TensorStream"]
 
 class PrefetchLoader:
     """The tensors of one file loading in the background, returned by ``safe_open.prefetch``. Each tensor is
@@ -47,33 +48,32 @@ class PrefetchLoader:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._direct: Any = None
-        from ._torch_types import empty
+        from ._torch_types import allocate, byte_jobs, empty
 
         if device.type == "meta":
             for name, piece in pieces:
                 self._land([name], [empty(piece.code, piece.shape, device)])
             return
         # Every destination is allocated now (only the planned bytes); the engine fills them in the background.
-        tensors = [_destination(piece, device, file) for _, piece in pieces]
+        tensors, runs = allocate(pieces, device, file)
         for t, (name, piece) in zip(tensors, pieces):
             if piece.end == piece.begin:
                 self._land([name], [t])
         # Boxes of inner dimensions: strided runs, read by the library's slice reader on a thread of their own.
         boxes = [(name, piece, t) for t, (name, piece) in zip(tensors, pieces) if piece.box is not None
                  and piece.end > piece.begin]
-        runs = [(i, t, piece) for i, (t, (_, piece)) in enumerate(zip(tensors, pieces)) if piece.box is None
-                and piece.end > piece.begin]
         work: List[Tuple[Any, tuple]] = []
         if boxes:
             work.append((self._load_boxes, (boxes, device)))
         if device.type == "cpu":
             from ._engine import DirectLoad
 
-            self._direct = DirectLoad(self._file, [(pieces[i][0], t.data_ptr(), p.begin, p.end) for i, t, p in runs],
-                                      threads)
-            work.append((self._load_cpu, ([(pieces[i][0], t) for i, t, _ in runs],)))
+            self._direct = DirectLoad(self._file, [(pieces[i][0], tensors[i].data_ptr(), pieces[i][1].begin,
+                                                    pieces[i][1].end) for i in runs], threads)
+            work.append((self._load_cpu, ([(pieces[i][0], tensors[i]) for i in runs],)))
         elif runs:
-            work.append((self._load_device, ([(pieces[i][0], t, p) for i, t, p in runs], device)))
+            work.append((self._load_device, ([(pieces[i][0], tensors[i]) for i in runs],
+                                              byte_jobs(tensors, pieces, runs), device)))
         for target, args in work:
             thread = threading.Thread(target=target, args=args, daemon=True, name="safetensors-prefetch")
             thread.start()
@@ -129,20 +129,16 @@ class PrefetchLoader:
             if not self._stop.is_set():
                 self._fail_rest(e)
 
-    def _load_device(self, runs: List[Tuple[str, Any, Piece]], device: Any) -> None:
-        import torch
-
+    def _load_device(self, runs: List[Tuple[str, Any]], jobs: List[Tuple[Any, int, int]], device: Any) -> None:
         from . import _engine
 
         # Through the engine's slabs; a tensor lands once its copies completed (ready on any stream).
-        jobs = [(t.reshape(-1).view(torch.uint8), piece.begin, piece.end) for _, t, piece in runs]
-
         def landed(job: int) -> None:
             self._land([runs[job][0]], [runs[job][1]])
 
         try:
             _engine.stream_to_device(self._file, jobs, device, on_piece=landed, stop=self._stop,
-                                     names=[name for name, _, _ in runs])
+                                     names=[name for name, _ in runs])
         except BaseException as e:
             if not self._stop.is_set():
                 self._fail_rest(e)
@@ -248,17 +244,3 @@ class TensorStream:
         if item is None:
             raise StopIteration
         return item
-
-
-def _destination(piece: Piece, device: Any, file: Any) -> Any:
-    """A new tensor for ``piece`` on ``device``; on the CPU from a file read with O_DIRECT, placed where the file's
-    direct reads land in it without a bounce (File.destination)."""
-    from ._torch_types import empty, torch_dtype, torch_shape
-
-    code, shape, begin, end, box = piece
-    if device.type == "cpu" and file.backend == "direct" and end > begin and box is None:
-        import torch
-
-        raw = torch.from_dlpack(file.destination(begin, end - begin))
-        return raw.view(torch_dtype(code)).reshape(torch_shape(code, shape))
-    return empty(code, shape, device)

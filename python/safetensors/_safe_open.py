@@ -2,7 +2,7 @@
 
 Which framework module builds the tensors is looked up by name (``FRAMEWORK_MODULES``) and imported on first
 use, so opening a numpy file never imports torch; each framework module supplies its ``FRAMEWORK`` (an
-``_adapter.Framework``). How a load runs is ``_strategies.py``'s table; prefetches are ``_prefetch.py``'s.
+``_framework.Framework``). How a load runs is ``_strategies.py``'s table; prefetches are ``_prefetch.py``'s.
 """
 
 from __future__ import annotations

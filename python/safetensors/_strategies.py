@@ -24,7 +24,7 @@ not a negative step, an integer list, elements that are not whole bytes, nor a t
 give: a read-only mapping, bytes this host swaps); under the staged one, adapters with ``stages_rows`` stream
 whole rows of the first dimension through the engine.
 
-An adapter (``_adapter.Framework``) supplies only construction primitives, and declares which kind of export it
+An adapter (``_framework.Framework``) supplies only construction primitives, and declares which kind of export it
 builds from: ``dlpack = True`` -- ``from_dlpack(capsule)``, and ``reinterpret(tensor, code, shape)`` for the
 dtypes DLPack has no code for, which arrive as their bytes (``bytes_dtype``); ``dlpack = False`` --
 ``view(memoryview, code, shape)``, a host array that ``to_device`` turns into the framework's tensor.
@@ -32,26 +32,17 @@ dtypes DLPack has no code for, which arrive as their bytes (``bytes_dtype``); ``
 
 from __future__ import annotations
 
-import sys
-from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
+import sysconfig
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from . import _safetensors_cpp as _cpp
+from ._core import DTYPES, HOST_SWAPS, Piece
 from ._slicing import parse_index
-
-Info = Tuple[str, Tuple[int, ...], int, int]  # (code, shape, begin, end) in data-buffer offsets
 
 META, VIEW, OWNED, STAGED = "meta", "view", "owned", "staged"
 
-#: Codes whose bytes in a file are not this host's values: the multi-byte types on a big-endian host. Their
-#: tensors are never views of a file: they are read into memory of their own, where the C++ library swaps
-#: them (every read into caller memory gives native values; the binding's view/view_all give None for them),
-#: and saving swaps back on the way out.
-HOST_SWAPS: FrozenSet[str] = frozenset(
-    row[0] for row in _cpp.dtype_table() if row[3] and sys.byteorder == "big"  # row[3]: swap_bytes
-)
-
 #: Codes a DLPack export cannot type: such tensors are exported as their bytes (1-d uint8).
-_UNTYPED = frozenset(row[0] for row in _cpp.dtype_table() if row[4] is None)
+_UNTYPED = frozenset(code for code, row in DTYPES.items() if row.dlpack_code is None)
 
 
 def choose(adapter: Any, file: "_cpp.File", device: Any, backend: Optional[str]) -> str:
@@ -66,7 +57,15 @@ def choose(adapter: Any, file: "_cpp.File", device: Any, backend: Optional[str])
     return OWNED
 
 
-class _Reader:
+_FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+def buffer_of(reader: "Reader") -> memoryview:
+    """The data buffer to view tensors in: the reader's one export, or on a free-threaded Python a new one."""
+    return reader.mv if reader.mv is not None else reader.file.buffer()
+
+
+class Reader:
     """What tensors and slice objects need from an open file: it outlives the safe_open that made it."""
 
     __slots__ = ("file", "adapter", "device", "asked", "strategy", "one", "all", "deliver", "retype", "mv", "_keys")
@@ -87,10 +86,16 @@ class _Reader:
         # Whether some tensor's dtype is exported as bytes (the file's distinct dtypes, from the header).
         self.retype = adapter.dlpack and not _UNTYPED.isdisjoint(file.dtypes())
         # The data buffer, exported once, for adapters that view it (the view strategy without DLPack).
-        self.mv: Optional[memoryview] = file.buffer() if self.strategy == VIEW and not adapter.dlpack else None
+        # Not on a free-threaded Python: there one memoryview sliced from several threads at once fails
+        # ("operation forbidden on released memoryview object", CPython 3.14.7t, reproduced without this
+        # package), so each call exports the buffer afresh (buffer_of).
+        self.mv: Optional[memoryview] = (file.buffer() if self.strategy == VIEW and not adapter.dlpack
+                                         and not _FREE_THREADED else None)
         self._keys: Optional[List[str]] = None
 
     def keys(self) -> List[str]:
+        # Filled on first use, without a lock: threads that race here each store a complete, equal list (one
+        # attribute store, atomic on a free-threaded Python too), and every caller gets a copy.
         if self._keys is None:
             self._keys = self.file.keys()
         return list(self._keys)  # callers may mutate what they get
@@ -108,13 +113,9 @@ class _Reader:
             raise _cpp.SafetensorSliceError(text) from e
 
 
-#: The reader under the name the modules that open files use (safe_open).
-Reader = _Reader
-
-
 # -- building from exports ------------------------------------------------------------------------------------
 
-def _retyped(reader: _Reader, name: str, tensor: Any) -> Any:
+def _retyped(reader: Reader, name: str, tensor: Any) -> Any:
     """``tensor`` from a DLPack export, as the tensor of its header entry."""
     if tensor.dtype is reader.adapter.bytes_dtype:  # U8, or the bytes of a dtype DLPack cannot describe
         code, shape, _, _ = reader.file.info(name)
@@ -123,33 +124,36 @@ def _retyped(reader: _Reader, name: str, tensor: Any) -> Any:
     return tensor
 
 
-def _from_dlpack(reader: _Reader, name: str, capsule: Any) -> Any:
+def _from_dlpack(reader: Reader, name: str, capsule: Any) -> Any:
     tensor = reader.adapter.from_dlpack(capsule)
     return _retyped(reader, name, tensor) if reader.retype else tensor
 
 
-def _from_owned(reader: _Reader, name: str, export: Any, info: Optional[Info] = None) -> Any:
-    """A tensor from memory of its own (a File.read export), delivered to the reader's device."""
+def _from_owned(reader: Reader, name: str, export: Any, code: Optional[str] = None,
+                shape: Tuple[int, ...] = ()) -> Any:
+    """A tensor from memory of its own (a File.read export), delivered to the reader's device; ``code`` and
+    ``shape`` are the header entry's where the caller has them (adapters without DLPack need them)."""
     if reader.adapter.dlpack:
         tensor = _from_dlpack(reader, name, export)
     else:
-        code, shape, _, _ = info if info is not None else reader.file.info(name)
+        if code is None:
+            code, shape, _, _ = reader.file.info(name)
         tensor = reader.adapter.view(export, code, shape)
     return tensor if reader.deliver is None else reader.deliver(tensor, reader.device)
 
 
 # -- the strategies -------------------------------------------------------------------------------------------
 
-def _meta_one(reader: _Reader, name: str) -> Any:
+def _meta_one(reader: Reader, name: str) -> Any:
     code, shape, _, _ = reader.file.info(name)
     return reader.adapter.meta(code, shape, reader.device)
 
 
-def _meta_all(reader: _Reader) -> Dict[str, Any]:
+def _meta_all(reader: Reader) -> Dict[str, Any]:
     return {name: reader.adapter.meta(code, shape, reader.device) for name, (code, shape, _, _) in reader.file.infos()}
 
 
-def _view_one_dlpack(reader: _Reader, name: str) -> Any:
+def _view_one_dlpack(reader: Reader, name: str) -> Any:
     capsule = reader.file.view(name)
     if capsule is None:  # a read-only mapping: tensors must be writable, so they get memory of their own
         return _owned_one(reader, name)
@@ -157,16 +161,16 @@ def _view_one_dlpack(reader: _Reader, name: str) -> Any:
     return _retyped(reader, name, tensor) if reader.retype else tensor
 
 
-def _view_one(reader: _Reader, name: str) -> Any:
+def _view_one(reader: Reader, name: str) -> Any:
     adapter = reader.adapter
     code, shape, begin, end = reader.file.info(name)
     if code in HOST_SWAPS:  # the file's bytes are not the values on this host: read (and swapped) instead
         return _owned_one(reader, name)
-    tensor = adapter.view(reader.mv[begin:end], code, shape)
+    tensor = adapter.view(buffer_of(reader)[begin:end], code, shape)
     return tensor if reader.deliver is None else reader.deliver(tensor, reader.device)
 
 
-def _view_all_dlpack(reader: _Reader) -> Dict[str, Any]:
+def _view_all_dlpack(reader: Reader) -> Dict[str, Any]:
     views = reader.file.view_all()
     if not reader.retype:  # every capsule is typed: the constructor alone, per tensor
         build = reader.adapter.from_dlpack
@@ -177,9 +181,9 @@ def _view_all_dlpack(reader: _Reader) -> Dict[str, Any]:
     }
 
 
-def _view_all(reader: _Reader) -> Dict[str, Any]:
+def _view_all(reader: Reader) -> Dict[str, Any]:
     adapter = reader.adapter
-    mv, deliver, device = reader.mv, reader.deliver, reader.device
+    mv, deliver, device = buffer_of(reader), reader.deliver, reader.device
     out = {}
     for name, (code, shape, begin, end) in reader.file.infos():
         if code in HOST_SWAPS:  # read (and swapped) instead of viewed; _owned_one delivers it
@@ -190,18 +194,18 @@ def _view_all(reader: _Reader) -> Dict[str, Any]:
     return out
 
 
-def _owned_one_dlpack(reader: _Reader, name: str) -> Any:
+def _owned_one_dlpack(reader: Reader, name: str) -> Any:
     tensor = _from_dlpack(reader, name, reader.file.read(name))
     return tensor if reader.deliver is None else reader.deliver(tensor, reader.device)
 
 
-def _owned_one(reader: _Reader, name: str) -> Any:
+def _owned_one(reader: Reader, name: str) -> Any:
     if reader.adapter.dlpack:
         return _owned_one_dlpack(reader, name)
     return _from_owned(reader, name, reader.file.read(name, dlpack=False))
 
 
-def _owned_all(reader: _Reader) -> Dict[str, Any]:
+def _owned_all(reader: Reader) -> Dict[str, Any]:
     file, dlpack = reader.file, reader.adapter.dlpack
     exports = file.read_all(dlpack=dlpack)
     if dlpack and not reader.retype and reader.deliver is None:  # typed capsules on the CPU: the constructor alone
@@ -209,23 +213,24 @@ def _owned_all(reader: _Reader) -> Dict[str, Any]:
         return {name: build(export) for name, export in exports}
     if dlpack:
         return {name: _from_owned(reader, name, export) for name, export in exports}
-    return {name: _from_owned(reader, name, export, info) for (name, export), (_, info) in zip(exports, file.infos())}
+    return {name: _from_owned(reader, name, export, code, shape)
+            for (name, export), (_, (code, shape, _, _)) in zip(exports, file.infos())}
 
 
-def _staged_one(reader: _Reader, name: str) -> Any:
-    staged = reader.adapter.stage(reader.file, [(name, reader.file.info(name))], reader.device)
+def _staged_one(reader: Reader, name: str) -> Any:
+    staged = reader.adapter.stage(reader.file, [(name, Piece(*reader.file.info(name)))], reader.device)
     return staged[name] if name in staged else _owned_one(reader, name)
 
 
-def _staged_all(reader: _Reader) -> Dict[str, Any]:
-    infos = reader.file.infos()
-    staged = reader.adapter.stage(reader.file, infos, reader.device)
-    return {name: staged[name] if name in staged else _owned_one(reader, name) for name, _ in infos}
+def _staged_all(reader: Reader) -> Dict[str, Any]:
+    pieces = [(name, Piece(*info)) for name, info in reader.file.infos()]
+    staged = reader.adapter.stage(reader.file, pieces, reader.device)
+    return {name: staged[name] if name in staged else _owned_one(reader, name) for name, _ in pieces}
 
 
 class _Row(NamedTuple):
-    one: Callable[[_Reader, str], Any]
-    all: Callable[[_Reader], Dict[str, Any]]
+    one: Callable[[Reader, str], Any]
+    all: Callable[[Reader], Dict[str, Any]]
 
 
 #: strategy -> (for adapters that build from memoryviews, for those that build from DLPack capsules).
@@ -237,49 +242,28 @@ _TABLE: Dict[str, Tuple[_Row, _Row]] = {
 }
 
 
-def get_tensor(reader: _Reader, name: str) -> Any:
+def get_tensor(reader: Reader, name: str) -> Any:
     """One whole tensor, looked up by name."""
     return reader.one(reader, name)
 
 
-def get_tensors(reader: _Reader) -> Dict[str, Any]:
+def get_tensors(reader: Reader) -> Dict[str, Any]:
     """Every tensor, in file order."""
     return reader.all(reader)
 
 
 def load_copies(adapter: Any, file: "_cpp.File", device: Any) -> Dict[str, Any]:
     """Every tensor of ``file`` in memory of its own, on ``device`` (``load(bytes)``)."""
-    return get_tensors(_Reader(file, adapter, device, backend=None))
+    return get_tensors(Reader(file, adapter, device, backend=None))
 
 
 # -- slices ---------------------------------------------------------------------------------------------------
 
-def _rows_of(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, bool]]:
-    """``(start, stop, squeeze)`` when the index plan selects whole rows ``[start, stop)`` of the first dimension
-    (a step-1 range or one integer, then only whole axes), else None."""
-    if not shape or plan.gather_axis is not None or plan.needs_reshape:
-        return None
-    spec = plan.reads()[0]
-    if any(entry != slice(None) and entry is not Ellipsis for entry in spec[1:]):
-        return None
-    first = spec[0]
-    if isinstance(first, int):
-        index = first + shape[0] if first < 0 else first
-        return (index, index + 1, True) if 0 <= index < shape[0] else None
-    if isinstance(first, slice) and first.step in (None, 1):
-        try:
-            start, stop, _ = slice(first.start, first.stop).indices(shape[0])
-        except TypeError:
-            return None  # bounds that are not integers: the slicer names them
-        return start, max(start, stop), False
-    return None
-
-
-def _rows_with_inner(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, tuple]]:
+def _row_range(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, int, tuple]]:
     """``(start, stop, index)`` when the plan's rows are one step-1 range of the first dimension (a range, one
     integer, or an Ellipsis in front, standing for every row) and no range has a negative step (which torch
     cannot index): the rows are one byte range, and ``index`` selects the rest from the tensor of those rows,
-    as numpy would from the whole. Else None."""
+    as numpy would from the whole (``_takes_whole_rows`` says when it selects them all). Else None."""
     if not shape or plan.gather_axis is not None or plan.needs_reshape:
         return None
     spec = plan.reads()[0]
@@ -301,18 +285,25 @@ def _rows_with_inner(plan: Any, shape: Tuple[int, ...]) -> Optional[Tuple[int, i
     return None
 
 
-def _stage_rows(reader: _Reader, name: str, code: str, shape: Tuple[int, ...], start: int, stop: int) -> Any:
+def _takes_whole_rows(index: tuple) -> bool:
+    """Whether ``index`` (``_row_range``'s) keeps every element of the rows: one integer or ``:`` for the first
+    dimension (not an Ellipsis), then only whole axes."""
+    return (isinstance(index[0], int) or index[0] == slice(None)) and all(
+        entry is Ellipsis or entry == slice(None) for entry in index[1:])
+
+
+def _stage_rows(reader: Reader, name: str, code: str, shape: Tuple[int, ...], start: int, stop: int) -> Any:
     """Rows ``[start, stop)`` of tensor ``name`` streamed to the device: one byte range, staged as a tensor."""
     begin, end = _cpp.row_piece(reader.file, name, start, stop)
-    piece = (code, (stop - start,) + tuple(shape[1:]), begin, end)
+    piece = Piece(code, (stop - start,) + tuple(shape[1:]), begin, end)
     return reader.adapter.stage(reader.file, [(name, piece)], reader.device)[name]
 
 
 #: Codes whose elements are whole bytes: a slice of them can be a strided view (F4 and F6 pack values).
-_WHOLE_BYTES = frozenset(row[0] for row in _cpp.dtype_table() if row[1] % 8 == 0)  # row[1]: bits
+_WHOLE_BYTES = frozenset(code for code, row in DTYPES.items() if row.bits % 8 == 0)
 
 
-def _view_slice(reader: _Reader, name: str, code: str, plan: Any) -> Any:
+def _view_slice(reader: Reader, name: str, code: str, plan: Any) -> Any:
     """The selection as a strided view of the tensor's whole view (the same storage: it keeps the mapping
     alive, as whole-tensor views do), or None where a view cannot show it."""
     native = reader.file.plan_slice(name, plan.spec)  # the slicer's checks, and the view's geometry
@@ -329,7 +320,7 @@ def _view_slice(reader: _Reader, name: str, code: str, plan: Any) -> Any:
     return tensor
 
 
-def get_slice(reader: _Reader, name: str, code: str, plan: Any) -> Any:
+def get_slice(reader: Reader, name: str, code: str, plan: Any) -> Any:
     """What the parsed index ``plan`` (``_slicing.IndexPlan``) selects of tensor ``name``."""
     adapter, file = reader.adapter, reader.file
     reads = plan.reads()
@@ -345,14 +336,13 @@ def get_slice(reader: _Reader, name: str, code: str, plan: Any) -> Any:
         # tensor. A selection inside one such range of rows (rows[2:9, ::4], w[5, 1:3]) streams those rows and
         # selects on the device. Anything else is read on the CPU and moved.
         _, shape, _, _ = file.info(name)
-        rows = _rows_of(plan, shape)
-        if rows is not None:
-            start, stop, squeeze = rows
+        rows = _row_range(plan, shape)
+        if rows is not None and _takes_whole_rows(rows[2]):
+            start, stop, index = rows
             tensor = _stage_rows(reader, name, code, shape, start, stop)
-            return tensor[0] if squeeze else tensor
-        selection = _rows_with_inner(plan, shape)
-        if selection is not None and adapter.selects(code, shape):
-            start, stop, index = selection
+            return tensor[0] if isinstance(index[0], int) else tensor
+        if rows is not None and adapter.selects(code, shape):
+            start, stop, index = rows
             want = tuple(file.plan_slice(name, reads[0]).shape)  # the slicer's checks first
             tensor = adapter.select(_stage_rows(reader, name, code, shape, start, stop), index)
             if tuple(tensor.shape) == want:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _adapter
+from . import _framework
 from ._core import DTYPES, PathLike, StorageOptions
 from ._numpy_bridge import NumpyBridged, codes_where, flatten_specs
 # Names the reference's module also offers (other projects import them from here).
@@ -62,27 +62,27 @@ def _jnp2np(jnp_dict: Dict[str, jax.Array]) -> Dict[str, np.ndarray]:
 def _np2jnp(numpy_dict: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
     """Replaces each array of ``numpy_dict`` by its jax array, in place (as the reference does); returns the
     dict."""
-    return _adapter.from_numpy_in_place(FRAMEWORK, numpy_dict)
+    return _framework.from_numpy_in_place(FRAMEWORK, numpy_dict)
 
 
 def save(tensors: Dict[str, jax.Array], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors`` (a dict of ``jax.Array`` by name)."""
-    return _adapter.save(_save_specs, tensors, metadata)
+    return _framework.save(_save_specs, tensors, metadata)
 
 
 def save_file(tensors: Dict[str, jax.Array], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
               fsync: bool = False) -> None:
     """Writes ``tensors`` (a dict of ``jax.Array`` by name) to ``filename`` atomically: a temporary file in
     the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
-    _adapter.save_file(_save_specs, tensors, filename, metadata, fsync)
+    _framework.save_file(_save_specs, tensors, filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, jax.Array]:
     """Every tensor of the file in ``data``, in memory of its own."""
-    return _adapter.load(FRAMEWORK, data, "cpu")
+    return _framework.load(FRAMEWORK, data, "cpu")
 
 
 def load_file(filename: PathLike, *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, jax.Array]:
     """Every tensor of ``filename``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``)."""
-    return _adapter.load_file("flax", filename, "cpu", backend, storage_options)
+    return _framework.load_file("flax", filename, "cpu", backend, storage_options)

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _adapter
+from . import _framework
 from . import _safetensors_cpp as _cpp
 from ._core import DTYPES, PathLike, SafetensorError, StorageOptions
 # Names the reference's module also offers (other projects import them from here).
@@ -25,7 +25,7 @@ FRAMEWORK = NUMPY
 
 def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensor_dict`` (a dict of ``numpy.ndarray`` by name)."""
-    return _adapter.save(flatten_specs, tensor_dict, metadata)
+    return _framework.save(flatten_specs, tensor_dict, metadata)
 
 
 def save_file(tensor_dict: Dict[str, np.ndarray], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
@@ -33,12 +33,12 @@ def save_file(tensor_dict: Dict[str, np.ndarray], filename: PathLike, metadata: 
     """Writes ``tensor_dict`` (a dict of ``numpy.ndarray`` by name) to ``filename`` atomically: a temporary file
     in the same directory, renamed over it, each array streamed from its own memory. ``fsync=True`` also makes
     the new file durable before returning."""
-    _adapter.save_file(flatten_specs, tensor_dict, filename, metadata, fsync)
+    _framework.save_file(flatten_specs, tensor_dict, filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, np.ndarray]:
     """Every array of the file in ``data``, in memory of its own."""
-    return _adapter.load(FRAMEWORK, data, "cpu")
+    return _framework.load(FRAMEWORK, data, "cpu")
 
 
 def load_file(filename: PathLike, *, backend: str = "mmap",
@@ -47,7 +47,7 @@ def load_file(filename: PathLike, *, backend: str = "mmap",
     file), ``"pread"`` (positional reads into memory of their own, through the page cache), ``"direct"`` (the
     same past the page cache, O_DIRECT) or ``"auto"`` (per file: direct for a large file the cache does not
     hold). ``filename`` may be an ``s3://`` or ``https://`` URL (``storage_options`` as for ``safe_open``)."""
-    return _adapter.load_file("np", filename, "cpu", backend, storage_options)
+    return _framework.load_file("np", filename, "cpu", backend, storage_options)
 
 
 # -- the reference's helpers, which other projects import -------------------------------------------------------

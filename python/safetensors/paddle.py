@@ -21,8 +21,8 @@ import numpy as np
 import paddle
 from paddle.utils.dlpack import from_dlpack
 
-from . import _adapter, _engine
-from ._core import DTYPES, PathLike, SafetensorError, StorageOptions
+from . import _engine, _framework
+from ._core import DTYPES, PathLike, Piece, SafetensorError, StorageOptions
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, serialize, serialize_file  # noqa: F401
 from . import numpy  # noqa: F401
@@ -135,31 +135,30 @@ class _PaddleCopier:
         return event
 
 
-def _staged(info: Tuple[str, Tuple[int, ...], int, int]) -> bool:
+def _staged(piece: Piece) -> bool:
     """Whether a tensor's bytes go through the engine: those with a dimension and bytes. Scalars and empty
     tensors are read on the CPU and moved (a few bytes at most): paddle cannot reshape every dtype to 0-d or
     allocate every dtype empty (uint32/uint64 lack the kernels)."""
-    _, shape, begin, end = info
-    return bool(shape) and end > begin
+    return bool(piece.shape) and piece.end > piece.begin
 
 
-def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]], place: Any) -> Dict[str, paddle.Tensor]:
+def _staged_load(file: Any, pieces: List[Tuple[str, Piece]], place: Any) -> Dict[str, paddle.Tensor]:
     """Allocates the bytes of every tensor (see _staged) on ``place`` and fills them through the engine
     (reader threads into the slab pool, paddle copies out of the slabs), then views each as its dtype and
     shape: the bytes as rows of the last dimension, viewed as the dtype, which only divides that dimension."""
     buffers = []
     jobs = []
-    for _name, (code, _shape, begin, end) in infos:
-        if code not in _TYPES:
-            raise SafetensorError(FRAMEWORK.refusal(code))
-        buffer = paddle.empty([end - begin], dtype=paddle.uint8, device=place)
+    for _name, piece in pieces:
+        if piece.code not in _TYPES:
+            raise SafetensorError(FRAMEWORK.refusal(piece.code))
+        buffer = paddle.empty([piece.end - piece.begin], dtype=paddle.uint8, device=place)
         buffers.append(buffer)
-        jobs.append((buffer, begin, end))
-    _engine.fill(file, jobs, place, copier=_PaddleCopier(place), names=[name for name, _ in infos])
+        jobs.append((buffer, piece.begin, piece.end))
+    _engine.fill(file, jobs, place, copier=_PaddleCopier(place), names=[name for name, _ in pieces])
     out = {}
-    for (name, (code, shape, _, _)), buffer in zip(infos, buffers):
-        rows = list(shape[:-1]) + [shape[-1] * DTYPES[code].bits // 8]
-        out[name] = buffer.reshape(rows).view(_TYPES[code])
+    for (name, piece), buffer in zip(pieces, buffers):
+        rows = list(piece.shape[:-1]) + [piece.shape[-1] * DTYPES[piece.code].bits // 8]
+        out[name] = buffer.reshape(rows).view(_TYPES[piece.code])
     return out
 
 
@@ -187,10 +186,9 @@ class _Paddle(NumpyBridged):
     def stages(self, device: Any) -> bool:
         return _stages(device)
 
-    def stage(self, file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]],
-              device: Any) -> Dict[str, paddle.Tensor]:
+    def stage(self, file: Any, pieces: List[Tuple[str, Piece]], device: Any) -> Dict[str, paddle.Tensor]:
         # Only the tensors _staged takes; the loading strategies read the others on the CPU and move them.
-        return _staged_load(file, [(name, info) for name, info in infos if _staged(info)], device)
+        return _staged_load(file, [(name, piece) for name, piece in pieces if _staged(piece)], device)
 
 
 #: How ``safe_open(framework="paddle")`` builds tensors.
@@ -205,7 +203,7 @@ def _to_ndarray(tensor: paddle.Tensor, name: str) -> Tuple[np.ndarray, Any]:
     copied to the CPU first; a tensor without memory gives ``(np.empty(0), 0)``. ValueError when the tensor is
     not contiguous."""
     if not tensor.is_contiguous():
-        raise ValueError(_adapter.non_contiguous_message(name))
+        raise ValueError(_framework.non_contiguous_message(name))
     if not tensor.place.is_cpu_place():
         tensor = tensor.cpu()
     ptr = tensor.data_ptr()
@@ -238,7 +236,7 @@ def _flatten_specs(tensors: Dict[str, paddle.Tensor]) -> Tuple[List[tuple], List
     keep_alive = []
     for name, value in tensors.items():
         if not value.is_contiguous():
-            raise ValueError(_adapter.non_contiguous_message(name))
+            raise ValueError(_framework.non_contiguous_message(name))
         code = _CODES.get(value.dtype)
         if code is None:
             raise SafetensorError(f"tensor `{name}` has dtype {value.dtype}, which safetensors cannot store")
@@ -280,22 +278,22 @@ def _paddle2np(paddle_dict: Dict[str, paddle.Tensor]) -> Dict[str, np.ndarray]:
 
 def save(tensors: Dict[str, paddle.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors`` (a dict of ``paddle.Tensor`` by name)."""
-    return _adapter.save(_flatten_specs, tensors, metadata)
+    return _framework.save(_flatten_specs, tensors, metadata)
 
 
 def save_file(tensors: Dict[str, paddle.Tensor], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
               fsync: bool = False) -> None:
     """Writes ``tensors`` (a dict of ``paddle.Tensor`` by name) to ``filename`` atomically: a temporary file in
     the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
-    _adapter.save_file(_flatten_specs, tensors, filename, metadata, fsync)
+    _framework.save_file(_flatten_specs, tensors, filename, metadata, fsync)
 
 
 def load(data: bytes, device: Any = "cpu") -> Dict[str, paddle.Tensor]:
     """Every tensor of the file in ``data`` on ``device``, in memory of its own."""
-    return _adapter.load(FRAMEWORK, data, device)
+    return _framework.load(FRAMEWORK, data, device)
 
 
 def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, paddle.Tensor]:
     """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``)."""
-    return _adapter.load_file("paddle", filename, device, backend, storage_options)
+    return _framework.load_file("paddle", filename, device, backend, storage_options)

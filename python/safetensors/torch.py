@@ -8,13 +8,13 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from . import _adapter
-from ._core import PathLike, SafetensorError, StorageOptions, to_little_endian
+from . import _framework
+from ._core import PathLike, Piece, SafetensorError, StorageOptions, to_little_endian
 # Names the reference's module also offers (other projects import them from here).
 from ._core import TensorSpec, deserialize, serialize, serialize_file  # noqa: F401
 from ._devices import resolve_torch_device
 from ._safe_open import safe_open  # noqa: F401
-from ._torch_types import CODES, TYPES, empty, header_shape, torch_dtype, torch_shape
+from ._torch_types import CODES, TYPES, allocate, byte_jobs, empty, header_shape, torch_dtype, torch_shape
 from ._torch_types import SIZE as _SIZE  # noqa: F401 - the reference's name
 from ._torch_types import TYPES as _TYPES  # noqa: F401 - the reference's name
 
@@ -49,20 +49,14 @@ def set_staging_capacity(nbytes: int) -> None:
     _engine.set_staging_capacity(nbytes)
 
 
-def _staged_load(file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]], device: torch.device) -> Dict[str, torch.Tensor]:
+def _staged_load(file: Any, pieces: List[Tuple[str, Piece]], device: torch.device) -> Dict[str, torch.Tensor]:
     """Allocates every tensor on ``device`` and fills it through the engine (``_engine.py``): reader threads
     into page-locked slabs of the process-wide pool, non-blocking copies to the device."""
     from . import _engine
 
-    out: Dict[str, torch.Tensor] = {}
-    jobs = []
-    for name, (code, shape, begin, end) in infos:
-        tensor = empty(code, shape, device)
-        out[name] = tensor
-        if end > begin:
-            jobs.append((tensor.reshape(-1).view(torch.uint8), begin, end))
-    _engine.fill(file, jobs, device)
-    return out
+    tensors, runs = allocate(pieces, device)
+    _engine.fill(file, byte_jobs(tensors, pieces, runs), device)
+    return {name: tensor for (name, _), tensor in zip(pieces, tensors)}
 
 
 def _stages(device: torch.device) -> bool:
@@ -79,7 +73,7 @@ def _stages(device: torch.device) -> bool:
 
 # -- the framework adapter ----------------------------------------------------------------------------------
 
-class _Torch(_adapter.Framework):
+class _Torch(_framework.Framework):
     name = "pytorch"
     dlpack = True
     bytes_dtype = torch.uint8
@@ -113,9 +107,8 @@ class _Torch(_adapter.Framework):
     def stages(self, device: torch.device) -> bool:
         return _stages(device)
 
-    def stage(self, file: Any, infos: List[Tuple[str, Tuple[str, Tuple[int, ...], int, int]]],
-              device: torch.device) -> Dict[str, torch.Tensor]:
-        return _staged_load(file, infos, device)
+    def stage(self, file: Any, pieces: List[Tuple[str, Piece]], device: torch.device) -> Dict[str, torch.Tensor]:
+        return _staged_load(file, pieces, device)
 
     def meta(self, code: str, shape: Tuple[int, ...], device: torch.device) -> torch.Tensor:
         return empty(code, shape, device)
@@ -263,7 +256,7 @@ def _tobytes(tensor: torch.Tensor, name: str) -> bytes:
     if tensor.layout != torch.strided:
         raise ValueError(f"You are trying to save a sparse tensor: `{name}` which this library does not support.")
     if not tensor.is_contiguous():
-        raise ValueError(_adapter.non_contiguous_message(name))
+        raise ValueError(_framework.non_contiguous_message(name))
     tensor = tensor.cpu()
     nbytes = tensor.nelement() * _SIZE[tensor.dtype]
     if nbytes == 0:
@@ -322,7 +315,7 @@ def _flatten(tensors: Dict[str, torch.Tensor]) -> Tuple[List[tuple], List[torch.
     _evaluate_tensors_for_save(tensors)
     for name, value in tensors.items():
         if not value.is_contiguous():
-            raise ValueError(_adapter.non_contiguous_message(name))
+            raise ValueError(_framework.non_contiguous_message(name))
     specs = []
     keep_alive = []
     for name, value in tensors.items():
@@ -358,26 +351,26 @@ def _view2torch(safeview: List[Tuple[str, Dict[str, Any]]]) -> Dict[str, torch.T
 
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding ``tensors`` (a dict of ``torch.Tensor`` by name)."""
-    return _adapter.save(_flatten, tensors, metadata)
+    return _framework.save(_flatten, tensors, metadata)
 
 
 def save_file(tensors: Dict[str, torch.Tensor], filename: PathLike, metadata: Optional[Dict[str, str]] = None, *,
               fsync: bool = False) -> None:
     """Writes ``tensors`` (a dict of ``torch.Tensor`` by name) to ``filename`` atomically: a temporary file in
     the same directory, renamed over it. ``fsync=True`` also makes the new file durable before returning."""
-    _adapter.save_file(_flatten, tensors, filename, metadata, fsync)
+    _framework.save_file(_flatten, tensors, filename, metadata, fsync)
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:
     """Every tensor of the file in ``data``, in memory of its own."""
-    return _adapter.load(FRAMEWORK, data, "cpu")
+    return _framework.load(FRAMEWORK, data, "cpu")
 
 
 def load_file(filename: PathLike, device: Any = "cpu", *, backend: str = "mmap",
               storage_options: Optional[StorageOptions] = None) -> Dict[str, torch.Tensor]:
     """Every tensor of ``filename`` on ``device``, in file order. ``backend``: ``"mmap"``, ``"pread"``, ``"direct"`` or ``"auto"`` (as for ``safe_open``).
     ``filename`` may be an ``s3://``, ``https://`` or ``http://`` URL; ``storage_options`` as for ``safe_open``."""
-    return _adapter.load_file("pt", filename, device, backend, storage_options)
+    return _framework.load_file("pt", filename, device, backend, storage_options)
 
 
 # -- models ------------------------------------------------------------------------------------------------

@@ -18,4 +18,5 @@ assert entry and b"safetensors = safetensors._cli:main" in zipfile.ZipFile(sys.a
 print("wheel ok:", sys.argv[1].split("/")[-1], len(names), "files")
 PY
 export SAFETENSORS_REFERENCE_PATH="$ROOT/.ref"
-python -m pytest -q -p no:cacheprovider tests/python
+# -rs: the summary lists every skipped suite and why (no FUSE, no root mounts or namespaces, no CUDA, ...).
+python -m pytest -q -p no:cacheprovider -rs tests/python

@@ -1,4 +1,4 @@
-# Big-endian hosts (issue 15), under qemu user-mode emulation: the C++ library and its whole test suite
+# Big-endian hosts, under qemu user-mode emulation: the C++ library and its whole test suite
 # cross-built for s390x (cmake/toolchain-s390x.cmake, libraries from the Debian s390x root that
 # scripts/s390x-root.sh unpacks) and run by ctest through qemu-s390x-static; the byte-order golden file
 # (tests/cpp/cross_host_file) written on this host is checked on s390x and the reverse, and the two files are

@@ -81,11 +81,11 @@ precompile() {  # SUITE PYTHON(python3.X)
 # skip): everywhere; with torch (and PyPI's ml_dtypes); with ml_dtypes. Left out by name: tests that import torch
 # where it is not installed, and under qemu tests that start a Python process (user-mode qemu without binfmt
 # cannot start an aarch64 program from an aarch64 program).
-TESTS_BASE=(test_api.py test_engine_binding.py test_malicious.py test_slicing.py test_sharded.py
-            test_error_text_keeps_nul_bytes.py)
-TESTS_TORCH=(test_torch.py test_prefetch.py test_adapter.py test_binding_export.py test_prefetch_takes_f64_not_as_f6.py
-             test_cli.py)
-TESTS_ML_DTYPES=(test_numpy.py)
+TESTS_BASE=(api/test_api.py engine/test_engine_binding.py format/test_malicious.py slicing/test_slicing.py
+            format/test_sharded.py format/test_error_text_keeps_nul_bytes.py)
+TESTS_TORCH=(frameworks/test_torch.py prefetch/test_prefetch.py frameworks/test_framework_functions.py
+             api/test_binding_export.py prefetch/test_prefetch_takes_f64_not_as_f6.py cli)
+TESTS_ML_DTYPES=(frameworks/test_numpy.py)
 NEEDS_TORCH='test_matches_numpy_on_every_framework_and_backend or test_errors_match_the_reference or
   test_no_leaks_reported_when_everything_is_released or test_framework_modules_offer_the_names_the_references_import'
 NEEDS_EXEC='test_bounded_memory_and_time or test_million_tiny_entries_near_the_cap'

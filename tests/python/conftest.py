@@ -6,11 +6,18 @@ import os
 import pickle
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Tests live in folders by area (io/, format/, distributed/, ...); the helpers they share stay here, beside this
+# file: npu_sim/, remote/, faultfs.py, read_paths.py, malicious_files.py. This directory on sys.path makes them
+# importable from every folder (pytest's default "prepend" import mode puts only each test file's own folder
+# there, and this conftest's folder only while importing it).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Hypothesis profiles. `ci` (chosen when the environment sets CI, as CI runs scripts/test.sh) is derandomized:
 # every run draws the same examples (from a seed derived from each test), keeps no example database, never
@@ -35,6 +42,35 @@ settings.register_profile("dev", parent=_DEFAULTS, derandomize=False, max_exampl
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 TEST_SEED = 0
+
+# A free-threaded Python (scripts/test.d/55-free-threaded.sh, CPython 3.14t) has no build of some frameworks
+# the tests use (TensorFlow, PaddlePaddle, JAX, MLX, transformers' stack; torch where its wheel fails). There a
+# test module that imports one of them at its top is skipped, naming the module, instead of failing to
+# collect; on other Pythons a missing framework stays a collection error.
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+NO_FREE_THREADED_BUILD = ("torch", "ml_dtypes", "transformers", "huggingface_hub", "mfusepy", "jax", "tensorflow",
+                          "paddle", "mlx")
+
+
+class _FreeThreadedModule(pytest.Module):
+    def _getobj(self):
+        try:
+            return super()._getobj()
+        except self.CollectError as e:
+            cause = e.__cause__
+            missing = (getattr(cause, "name", None) or "").split(".")[0]
+            if not isinstance(cause, ImportError) or missing not in NO_FREE_THREADED_BUILD:
+                raise
+            raise pytest.skip.Exception(f"{missing} is not installed for this free-threaded Python ({cause})",
+                                        allow_module_level=True) from None
+
+
+if FREE_THREADED:
+
+    def pytest_pycollect_makemodule(module_path, parent):
+        if module_path.name == "conftest.py":
+            return None
+        return _FreeThreadedModule.from_parent(parent, path=module_path)
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +98,10 @@ def _seed_global_generators() -> None:
 
 
 REFERENCE_PATH = os.environ.get("SAFETENSORS_REFERENCE_PATH", str(Path(__file__).resolve().parents[2] / ".ref"))
+# The interpreter that runs the reference (its native module is built for the development venv's Python):
+# this one, unless SAFETENSORS_REFERENCE_PYTHON names another (scripts/test.d/55-free-threaded.sh names the
+# venv's 3.11, since the reference's abi3 module does not load on a free-threaded Python).
+REFERENCE_PYTHON = os.environ.get("SAFETENSORS_REFERENCE_PYTHON", sys.executable)
 
 
 def reference_available() -> bool:
@@ -80,7 +120,8 @@ class Reference:
             "sys.stdout.buffer.write(pickle.dumps(g.get('result')))\n"
         )
         env = dict(os.environ, PYTHONPATH=REFERENCE_PATH)
-        proc = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(inputs), capture_output=True, env=env)
+        proc = subprocess.run([REFERENCE_PYTHON, "-c", script], input=pickle.dumps(inputs), capture_output=True,
+                              env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"reference subprocess failed:\n{proc.stderr.decode()}")
         return pickle.loads(proc.stdout)

@@ -10,9 +10,9 @@ import time
 from typing import IO, Any, Iterator, List, Optional, Sequence, Tuple
 
 from .. import _safetensors_cpp as _cpp
-from .._core import DTYPES
+from .._core import DTYPES, Piece
 from .._safetensors_cpp import SafetensorError
-from .._sharding import Checkpoint, CheckpointError, Shard, format_size, resolve
+from .._checkpoint_paths import Checkpoint, CheckpointError, Shard, format_size, resolve
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -22,8 +22,6 @@ PROG = "safetensors"
 
 #: Tensors larger than this are read in row ranges of about this size, so memory stays bounded.
 CHUNK_BYTES = 64 * 2**20
-
-Info = Tuple[str, Tuple[int, ...], int, int]  # (dtype code, shape, begin, end), as File.infos() gives
 
 
 class CliError(Exception):
@@ -97,11 +95,11 @@ class Scratch:
         return self._addr, memoryview(self._buf)[:nbytes]
 
 
-def chunks_of(file: "_cpp.File", name: str, info: Info, scratch: Scratch) -> Iterator[memoryview]:
+def chunks_of(file: "_cpp.File", name: str, piece: Piece, scratch: Scratch) -> Iterator[memoryview]:
     """The bytes of one tensor, read in pieces of about CHUNK_BYTES (whole rows of the first dimension; a
     tensor that cannot be split that way, or a sub-byte one, is read whole). Each piece is valid until the
     next one is read."""
-    code, shape, begin, end = info
+    code, shape, begin, end, _ = piece
     nbytes = end - begin
     if nbytes == 0:
         return
@@ -234,7 +232,7 @@ def resolve_checkpoint(path: str) -> Checkpoint:
 class OpenShard:
     """A shard opened for reading, with the tensors the checkpoint takes from it (file order)."""
 
-    def __init__(self, shard: Shard, file: "_cpp.File", tensors: List[Tuple[str, Info]]) -> None:
+    def __init__(self, shard: Shard, file: "_cpp.File", tensors: List[Tuple[str, Piece]]) -> None:
         self.shard = shard
         self.file = file
         self.tensors = tensors
@@ -252,10 +250,10 @@ def open_shard(checkpoint: Checkpoint, shard: Shard) -> OpenShard:
         names = assigned_names(checkpoint, shard, file)
     except SafetensorError as e:
         raise CliError(unassigned_text(checkpoint, e)) from None
-    infos = file.infos()
+    pieces = [(name, Piece(*info)) for name, info in file.infos()]
     if names is None:
-        return OpenShard(shard, file, infos)
-    by_name = dict(infos)
+        return OpenShard(shard, file, pieces)
+    by_name = dict(pieces)
     return OpenShard(shard, file, [(name, by_name[name]) for name in names])
 
 

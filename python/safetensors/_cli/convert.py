@@ -11,7 +11,7 @@ from typing import IO, Any, Dict, List, Sequence, Tuple
 
 from .. import _safetensors_cpp as _cpp
 from .._safetensors_cpp import SafetensorError
-from .._sharding import INDEX_SUFFIX, SAFETENSORS_SUFFIX, format_size, parse_size
+from .._checkpoint_paths import INDEX_SUFFIX, SAFETENSORS_SUFFIX, format_size, parse_size
 from .common import EXIT_OK, CliError, describe_error, count_of, Progress, WriteWatcher
 
 def _output_layout(output: str) -> Tuple[str, str]:

@@ -7,13 +7,12 @@ import argparse
 from typing import IO, Any, Dict, List, Optional, Set, Tuple
 
 from .. import _safetensors_cpp as _cpp
-from .._core import DTYPES
+from .._core import DTYPES, Piece
 from .._safetensors_cpp import SafetensorError
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
     CliError,
-    Info,
     chunks_of,
     describe_error,
     is_float,
@@ -42,8 +41,8 @@ class _Side:
         except (SafetensorError, OSError) as e:
             raise CliError(describe_error(e)) from None
         files = opened.shards
-        self.tensors: Dict[str, Tuple["_cpp.File", Info]] = {
-            name: (files[opened.shard_of(name)], info) for name, info in opened.infos()
+        self.tensors: Dict[str, Tuple["_cpp.File", Piece]] = {
+            name: (files[opened.shard_of(name)], Piece(*info)) for name, info in opened.infos()
         }
         values: Dict[str, Set[str]] = {}
         for file in files:
@@ -132,19 +131,20 @@ def cmd_diff(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
     compared = same_bytes = 0
     for name in sorted(a.tensors.keys() | b.tensors.keys()):
         if name not in b.tensors:
-            code, shape = a.tensors[name][1][:2]
+            code, shape = a.tensors[name][1].code, a.tensors[name][1].shape
             lines.append(f"only in A: {name}  {code} {shape_text(shape)}")
             continue
         if name not in a.tensors:
-            code, shape = b.tensors[name][1][:2]
+            code, shape = b.tensors[name][1].code, b.tensors[name][1].shape
             lines.append(f"only in B: {name}  {code} {shape_text(shape)}")
             continue
         (fa, ia), (fb, ib) = a.tensors[name], b.tensors[name]
-        if ia[:2] != ib[:2]:
-            lines.append(f"dtype/shape differ: {name}  {ia[0]} {shape_text(ia[1])} -> {ib[0]} {shape_text(ib[1])}")
+        if (ia.code, ia.shape) != (ib.code, ib.shape):
+            lines.append(f"dtype/shape differ: {name}  {ia.code} {shape_text(ia.shape)} -> {ib.code} "
+                         f"{shape_text(ib.shape)}")
             continue
         compared += 1
-        values = _ValueDiff(np, types, ia[0])
+        values = _ValueDiff(np, types, ia.code)
         try:
             pieces_b = chunks_of(fb, name, ib, Scratch())
             for piece_a in chunks_of(fa, name, ia, Scratch()):
@@ -152,9 +152,10 @@ def cmd_diff(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
         except (SafetensorError, OSError) as e:
             raise CliError(describe_error(e)) from None
         if values.differing:
-            lines.append(f"values differ: {name}  {ia[0]} {shape_text(ia[1])}: {values.describe(numel(ia[1]))}")
+            lines.append(f"values differ: {name}  {ia.code} {shape_text(ia.shape)}: "
+                         f"{values.describe(numel(ia.shape))}")
         else:
-            same_bytes += ia[3] - ia[2]
+            same_bytes += ia.nbytes
     for key in sorted(a.metadata.keys() | b.metadata.keys()):
         va, vb = a.metadata.get(key), b.metadata.get(key)
         if vb is None:

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import IO, Any, Dict, List, Optional, Sequence, Set
 
-from .._sharding import Checkpoint, format_size
+from .._checkpoint_paths import Checkpoint, format_size
 from .common import EXIT_OK, count_of, numel, one_line, open_shard, OpenShard, resolve_checkpoint, shape_text
 
 def _inspect_document(checkpoint: Checkpoint, opened: List[OpenShard]) -> Dict[str, Any]:
@@ -16,7 +16,7 @@ def _inspect_document(checkpoint: Checkpoint, opened: List[OpenShard]) -> Dict[s
     files = []
     for item in opened:
         tensors = []
-        for name, (code, shape, begin, end) in item.tensors:
+        for name, (code, shape, begin, end, _) in item.tensors:
             count = numel(shape)
             parameters[code] = parameters.get(code, 0) + count
             total_bytes += end - begin

@@ -8,9 +8,9 @@ import os
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 from .. import _safetensors_cpp as _cpp
-from .._core import DTYPES
+from .._core import DTYPES, Piece
 from .._safetensors_cpp import SafetensorError
-from .._sharding import CheckpointError, IndexFormatError, Shard, format_size, resolve
+from .._checkpoint_paths import CheckpointError, IndexFormatError, Shard, format_size, resolve
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -100,14 +100,15 @@ def cmd_verify(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> in
                 notes.append(f"note: holds {name_list(extra)} that the index does not list")
         scanned = unscanned = 0
         for name, info in file.infos():
-            code, shape = info[0], info[1]
+            piece = Piece(*info)
+            code, shape = piece.code, piece.shape
             scan = np is not None and is_float(code)
             if scan and DTYPES[code].bits % 8 == 0 and code not in types:
                 scan = False
                 unscanned += 1
             nan = inf = 0
             try:
-                for view in chunks_of(file, name, info, scratch):
+                for view in chunks_of(file, name, piece, scratch):
                     read += len(view)
                     progress.update(read)
                     if scan:

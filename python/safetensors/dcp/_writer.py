@@ -33,8 +33,9 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from .._core import SafetensorError
-from ..distributed._files import (FileLayout, Piece, TensorDesc, create_temporary, dtype_code, nbytes,
-                                  plan_file, publish, remove_quietly, temporary_name, write_pieces)
+from ..distributed._files import (FileLayout, TensorDesc, create_temporary, dtype_code, nbytes,
+                                  plan_file, publish, remove_quietly, temporary_name, WritePiece,
+                                  write_pieces)
 
 __all__ = ["HuggingFaceStorageWriter", "file_name", "plan_outputs", "write_index"]
 
@@ -166,7 +167,7 @@ class HuggingFaceStorageWriter(FileSystemWriter):
                 if not isinstance(tensor, torch.Tensor):
                     raise SafetensorError(f"HuggingFaceStorageWriter: {fqn} is not a tensor")
                 name, begin = assignment.place[fqn]
-                pieces.append(Piece(name, fqn, begin, shape, box, tensor))
+                pieces.append(WritePiece(name, fqn, begin, shape, box, tensor))
                 size = nbytes(dtype_code(fqn, tensor.dtype), tuple(int(s) for s in td.chunk.sizes))
                 results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=StorageInfo(name, size)))
             write_pieces(self._directory(), assignment.token, pieces)

@@ -19,13 +19,12 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from .. import _safetensors_cpp as _cpp
-from .._core import HOST_SWAPS, TORCH_PACKED, SafetensorError, to_little_endian
-from .._torch_types import CODES, SIZE, TYPES
-from ._placement import Box
+from .._core import HOST_SWAPS, TORCH_PACKED, Box, SafetensorError, to_little_endian
+from .._torch_types import CODES, SIZE, TYPES, as_bytes
 
 __all__ = [
     "FileLayout",
-    "Piece",
+    "WritePiece",
     "TensorDesc",
     "create_temporary",
     "dtype_code",
@@ -43,7 +42,7 @@ __all__ = [
 TensorDesc = Tuple[str, str, Tuple[int, ...]]
 
 
-class Piece(NamedTuple):
+class WritePiece(NamedTuple):
     """What one writer writes of one tensor: ``box`` of the tensor of torch's ``shape`` whose bytes start at
     ``begin`` of ``file_name``, from ``local`` (any device, any layout: copied to a contiguous CPU tensor)."""
 
@@ -125,13 +124,13 @@ def write_piece(fd: int, offset: int, shape: Tuple[int, ...], box: Box, local: t
     item = local.element_size()
     code = CODES.get(local.dtype)
     if code in HOST_SWAPS:  # a big-endian host: the file's bytes are little-endian, swapped in a copy
-        raw = bytearray(to_little_endian(local.reshape(-1).view(torch.uint8).numpy().tobytes(), code))
+        raw = bytearray(to_little_endian(as_bytes(local).numpy().tobytes(), code))
         local = torch.frombuffer(raw, dtype=torch.uint8) if raw else local
     _cpp.pwrite_box(fd, offset, list(shape), [tuple(b) for b in box], item, local.data_ptr(),
                     local.numel() * local.element_size(), what)
 
 
-def write_pieces(directory: str, token: str, pieces: Sequence[Piece]) -> int:
+def write_pieces(directory: str, token: str, pieces: Sequence[WritePiece]) -> int:
     """Writes ``pieces`` into the temporary files of the save ``token``, then fsyncs each file it wrote to.
     Returns the bytes written. SafetensorError names the directory where a temporary is not there (the ranks
     do not share the directory)."""

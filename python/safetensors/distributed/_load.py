@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .._core import SafetensorError
 from .._devices import resolve_torch_device
 from .._plan import PlanValue, row_bytes
-from .._torch_types import empty
+from .._torch_types import allocate
 from ._group import Group, collective_failed, error_text, failures_text
 from ._moving import Landing, LoadStats, Mover
 from ._opening import Opened, Planned, digest
@@ -38,12 +38,10 @@ def load(open_source: Callable[[str], Opened], device: Any, group: Optional[dist
         pieces = plan_of(opened, plan)
         landings: List[List[Optional[Landing]]] = []
         for file_pieces in pieces:
-            file_landings: List[Optional[Landing]] = []
-            for name, piece in file_pieces:
-                tensor = empty(piece.code, piece.shape, comm)
-                out[name] = tensor
-                file_landings.append(Landing(tensor, piece.code, comm) if piece.end > piece.begin else None)
-            landings.append(file_landings)
+            tensors, _ = allocate(file_pieces, comm)
+            out.update((name, tensor) for (name, _), tensor in zip(file_pieces, tensors))
+            landings.append([Landing(tensor, piece.code, comm) if piece.end > piece.begin else None
+                             for (_, piece), tensor in zip(file_pieces, tensors)])
         return pieces, landings
 
     target = resolve_torch_device(device)

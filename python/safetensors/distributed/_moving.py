@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 from .. import _safetensors_cpp as _cpp
-from .._core import DTYPES, HOST_SWAPS
+from .._core import DTYPES, HOST_SWAPS, Box
 from .._plan import read_box
-from .._torch_types import torch_dtype
+from .._torch_types import as_bytes, torch_dtype
 from ._group import Group, error_text
-from ._schedule import Box, Chunk
+from ._schedule import Chunk
 
 __all__ = ["Landing", "LoadStats", "Mover", "read_chunk", "read_part"]
 
@@ -62,7 +62,7 @@ class Landing:
         self.dtype = torch_dtype(code)
         same = dest.dtype == self.dtype and dest.device == comm and dest.is_contiguous()
         #: A uint8 view of the destination the bytes land in as they are, else None (copied in by put).
-        self.direct: Optional[torch.Tensor] = dest.reshape(-1).view(torch.uint8) if same else None
+        self.direct: Optional[torch.Tensor] = as_bytes(dest) if same else None
         self.target = dest if dest.is_contiguous() else torch.empty(dest.shape, dtype=dest.dtype, device=dest.device)
         self.carry: Optional[torch.Tensor] = None
 

@@ -11,7 +11,7 @@ from typing import Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Un
 from .. import _safetensors_cpp as _cpp
 from .._core import PathLike, SafetensorError, StorageOptions, fspath, remote_pairs
 from .._plan import Piece, PlanValue, checked_plan, plan_pieces
-from .._sharding import CheckpointError, resolve
+from .._checkpoint_paths import CheckpointError, resolve
 
 __all__ = ["Opened", "Planned", "Shard", "digest", "open_checkpoint", "open_file", "plan"]
 

@@ -16,12 +16,9 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 
-from .._core import SafetensorError
+from .._core import Box, SafetensorError
 
-__all__ = ["Box", "LocalPiece", "box_slices", "box_shape", "is_whole", "local_piece"]
-
-#: One (start, stop) per dimension of the full tensor.
-Box = Tuple[Tuple[int, int], ...]
+__all__ = ["LocalPiece", "box_slices", "box_shape", "is_whole", "local_piece"]
 
 
 class LocalPiece(NamedTuple):

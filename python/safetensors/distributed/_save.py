@@ -29,12 +29,12 @@ import torch
 import torch.distributed as dist
 
 from .. import _safetensors_cpp as _cpp
-from .._core import PathLike, SafetensorError
-from .._sharding import parse_size
-from ._files import (FileLayout, Piece, TensorDesc, create_temporary, dtype_code, fsync_directory, nbytes, plan_file,
-                     publish, remove_quietly, temporary_name, write_pieces)
+from .._core import Box, PathLike, SafetensorError
+from .._checkpoint_paths import parse_size
+from ._files import (FileLayout, TensorDesc, create_temporary, dtype_code, fsync_directory, nbytes, plan_file,
+                     publish, remove_quietly, temporary_name, WritePiece, write_pieces)
 from ._group import Group, error_text, failures_text
-from ._placement import Box, box_shape, local_piece
+from ._placement import box_shape, local_piece
 
 __all__ = ["Layout", "assign_writers", "plan_layout", "save"]
 
@@ -229,7 +229,7 @@ def _save(grp: Group, state_dict: Mapping[str, Any], directory: str, max_shard_s
             box = boxes.get(name)
             if box is not None and writers[name].get(box) == grp.rank:
                 begin = files[file_name].offsets[name][0]
-                pieces.append(Piece(file_name, name, begin, shapes[name], box, tensors[name]))
+                pieces.append(WritePiece(file_name, name, begin, shapes[name], box, tensors[name]))
         write_pieces(directory, token, pieces)
     except Exception as e:  # noqa: BLE001
         status = error_text(e)

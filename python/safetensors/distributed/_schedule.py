@@ -6,10 +6,12 @@ from __future__ import annotations
 import bisect
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
+from .._core import Box
+from .._plan import box_rows
+
 __all__ = ["Chunk", "Interval", "Part", "merge_intervals", "schedule"]
 
 Interval = Tuple[int, int]  # [begin, end) in data-buffer offsets
-Box = Tuple[Tuple[int, int], ...]
 #: A piece read as strided runs: (where its span begins in the data buffer, tensor name, box, bytes of one index
 #: of the box's first dimension). Ranks needing the same box share it; its chunks are ranges of that dimension.
 Part = Tuple[int, str, Box, int]
@@ -86,8 +88,8 @@ def schedule(needs: Sequence[Sequence[Sequence[Interval]]], data_offsets: Sequen
                 r1 = min(rows, r0 + step)
                 owner = min(ranks, key=lambda r: (assigned[r], r))
                 assigned[owner] += (r1 - r0) * row_bytes
-                rows_box = ((box[0][0] + r0, box[0][0] + r1),) + tuple(box[1:])
-                out.append(Chunk(f, r0 * row_bytes, r1 * row_bytes, owner, tuple(sorted(ranks)), (name, box, rows_box)))
+                out.append(Chunk(f, r0 * row_bytes, r1 * row_bytes, owner, tuple(sorted(ranks)),
+                                 (name, box, box_rows(box, r0, r1))))
     return out
 
 

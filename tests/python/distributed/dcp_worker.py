@@ -1,4 +1,4 @@
-"""One rank of tests/python/test_dcp_reader.py: joins a gloo process group, loads checkpoints into DTensor state
+"""One rank of tests/python/distributed/test_dcp_reader.py: joins a gloo process group, loads checkpoints into DTensor state
 dicts with ``torch.distributed.checkpoint.load`` through safetensors.dcp's reader and torch's, and writes what it
 got (digests of each local tensor, and of what ``load_file`` cut with ``compute_local_shape_and_global_offset``
 says it should get) to a JSON file.

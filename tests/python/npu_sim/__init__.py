@@ -22,7 +22,7 @@ RuntimeError instead of hanging. NPU_SIM_ASYNC=0 (or ``set_async_copies(False)``
 Process-wide and irreversible, like importing torch_npu: once installed, ``torch.accelerator`` reports ``npu``
 and an integer device (``device=0``) means ``npu:0`` for the rest of the process. A test module that must not
 change the process it is collected in can run itself in a child pytest: see ``may_install_here`` and
-``run_pytest_child`` (tests/python/test_npu_sim.py does).
+``run_pytest_child`` (tests/python/devices/test_npu_sim.py does).
 
     @pytest.fixture(scope="module")
     def npu():

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# A free-threaded CPython 3.14 (`--disable-gil`, "3.14t") and a venv of it with free-threaded wheels, for the
+# free-threaded test stage (scripts/test.d/55-free-threaded.sh). Prints the venv's directory as its last line
+# of standard output; progress goes to standard error.
+#
+# The interpreter is built from the upstream tarball of Debian's python3.14 source package (Debian 12 has none;
+# testing has). The package is pinned by version and the tarball by its SHA-256 (as the .dsc lists it) and both
+# are fetched from Debian's pool, not with `apt-get source`: the mirror this machine reaches serves the pool
+# without the source files of the version that testing's current Sources index names (a 404), and a pin does
+# not move with testing. Debian's patches are not applied: they change install schemes for Debian's own
+# layout, and this build lives in a prefix of its own.
+#
+# Everything is cached outside the repository, in ${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}:
+#   cpython-3.14t-VERSION/   the interpreter (./configure --disable-gil, no PGO or LTO: build time)
+#   venv-3.14t-VERSION/      its venv: numpy, pytest, hypothesis, the build tools (nanobind, scikit-build-core),
+#                            and where they install, ml_dtypes and torch 2.13.0 (PyPI's cp314t wheel, the CUDA
+#                            build, with its nvidia-* dependencies, 4.8 GB in all); versions from constraints.txt
+#   pip/                     pip's cache: a rebuilt venv downloads nothing again
+# A stamp file in each marks it complete: a warm run checks the stamps and builds nothing, and asks no
+# package index anything. The venv's stamp holds the requirement list and constraints.txt's hash, so a
+# changed pin rebuilds the venv (not the interpreter). SAFETENSORS_FT_TORCH=0 leaves torch out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$CACHE"
+
+# Debian's python3.14 source package: its version and the SHA-256 of its upstream tarball.
+CPYTHON_DEBIAN=3.14.7-1
+CPYTHON_VERSION=${CPYTHON_DEBIAN%-*}
+CPYTHON_ORIG_SHA256=3b48dac8fb59f62eaa67ac83c1eb12bda1b7a08406dd286e252c11a66be27f81
+POOL=http://deb.debian.org/debian/pool/main/p/python3.14
+
+log() { printf '\033[1m[python-ft]\033[0m %s\n' "$*" >&2; }
+
+version=$CPYTHON_VERSION
+prefix=$CACHE/cpython-3.14t-$version
+python=$prefix/bin/python3.14t
+if [ ! -f "$prefix/.complete" ]; then
+  t0=$SECONDS
+  BUILD_DEPS=(build-essential pkg-config dpkg-dev xz-utils libssl-dev zlib1g-dev libbz2-dev liblzma-dev
+              libffi-dev libsqlite3-dev libreadline-dev libncurses-dev libgdbm-dev uuid-dev libzstd-dev
+              libexpat1-dev)
+  missing=()
+  for p in "${BUILD_DEPS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "apt-get install ${missing[*]}"
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      "${missing[@]}" >&2
+  fi
+  work=$(mktemp -d "$CACHE/src.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  orig=$work/python3.14_$version.orig.tar.xz
+  log "downloading Debian's python3.14 $CPYTHON_DEBIAN source package"
+  for f in "python3.14_$CPYTHON_DEBIAN.dsc" "python3.14_$version.orig.tar.xz"; do
+    curl -fsS --retry 3 -o "$work/$f" "$POOL/$f"
+  done
+  echo "$CPYTHON_ORIG_SHA256  $orig" | sha256sum -c --quiet -
+  grep -q "$CPYTHON_ORIG_SHA256 .* python3.14_$version.orig.tar.xz" "$work/python3.14_$CPYTHON_DEBIAN.dsc"
+  log "building CPython $version --disable-gil into $prefix (from $(basename "$orig"))"
+  tar -xJf "$orig" -C "$work"
+  src=$(ls -d "$work"/Python-*/)
+  rm -rf "$prefix"
+  if ! (
+    cd "$src"
+    ./configure --prefix="$prefix" --disable-gil --with-ensurepip=install --disable-test-modules \
+      LDFLAGS="-Wl,-rpath,$prefix/lib"
+    make -j "$JOBS"
+    make install
+  ) >"$work/build.log" 2>&1; then
+    tail -n 40 "$work/build.log" >&2
+    log "the CPython build failed"
+    exit 1
+  fi
+  "$python" -c 'import sys; assert not sys._is_gil_enabled()' || {
+    log "the build did not give a free-threaded python3.14t"; exit 1; }
+  touch "$prefix/.complete"
+  rm -rf "$work"
+  trap - EXIT
+  log "CPython $version built in $((SECONDS - t0)) s"
+fi
+
+# The venv and its wheels. Wheels only: what has no cp314t wheel is not compiled here. Frameworks that fail to
+# install are left out and listed in the venv's `missing` file (their tests skip, naming why).
+VENV=$CACHE/venv-3.14t-$version
+REQS=(numpy pytest hypothesis nanobind scikit-build-core)
+OPTIONAL=(ml_dtypes)
+[ "${SAFETENSORS_FT_TORCH:-1}" = 1 ] && OPTIONAL+=(torch)
+want="${REQS[*]} ${OPTIONAL[*]} $(sha256sum constraints.txt | cut -c1-16)"
+if [ "$(cat "$VENV/.complete" 2>/dev/null)" != "$want" ]; then
+  t0=$SECONDS
+  log "venv $VENV: ${REQS[*]} ${OPTIONAL[*]}"
+  rm -rf "$VENV"
+  "$python" -m venv "$VENV"
+  PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q --cache-dir "$CACHE/pip")
+  "${PIP[@]}" install --only-binary=:all: -c constraints.txt "${REQS[@]}" >&2
+  : >"$VENV/missing"
+  for r in "${OPTIONAL[@]}"; do
+    if ! "${PIP[@]}" install --only-binary=:all: -c constraints.txt "$r" >&2; then
+      log "$r: no free-threaded wheel installs (its tests skip)"
+      echo "$r" >>"$VENV/missing"
+    fi
+  done
+  echo "$want" >"$VENV/.complete"
+  log "venv ready in $((SECONDS - t0)) s"
+fi
+"$VENV/bin/python" -c 'import sys; assert not sys._is_gil_enabled(), "the venv python has the GIL"'
+echo "$VENV"
