@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worker import evict  # noqa: E402  (bench/worker.py: the page-cache helpers every benchmark uses)
+
 MiB = 1 << 20
 BLOCK = 8 * MiB
 COLWISE = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head"}
@@ -116,15 +119,6 @@ def vm(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(field)
-
-
-def drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def pread_range(path: str, begin: int, end: int, into: memoryview) -> None:
@@ -391,7 +385,7 @@ def rank_main(spec: dict) -> dict:
         for file in files:
             path = os.path.join(spec["ckpt"], file)
             if spec["cold"]:
-                drop(path)
+                evict(path)
             else:
                 pread_range(path, 0, os.path.getsize(path), memoryview(bytearray(BLOCK)))
     impl = IMPLS[spec["mode"]][spec["impl"]]
