@@ -246,8 +246,10 @@ def read_part(file: Any, name: str, box: Box, dst: torch.Tensor) -> None:
     the uint8 tensor ``dst`` with the library's strided-run reader."""
     host = dst if dst.device.type == "cpu" else torch.empty(dst.numel(), dtype=torch.uint8)
     read_box(file, name, box, host.data_ptr())
-    code = file.info(name)[0]
-    if code in HOST_SWAPS:  # read_box gives native values: back to the file's order, as every chunk travels
+    # read_box gives native values: back to the file's order, as every chunk travels (big-endian hosts only;
+    # HOST_SWAPS is empty elsewhere, so the dtype is not looked up per chunk there).
+    code = file.info(name)[0] if HOST_SWAPS else None
+    if code in HOST_SWAPS:
         _cpp.byteswap(host, DTYPES[code].swap_bytes)
     if host is not dst:
         dst.copy_(host)

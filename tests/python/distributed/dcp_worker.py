@@ -9,7 +9,6 @@ TCPStore at ``ST_DIST_STORE=host:port``; every collective is bounded by ``ST_DIS
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from safetensors.dcp import HuggingFaceStorageReader
 from safetensors.torch import load_file
+from worker import join_group  # the script directory is on sys.path
 
 #: Per tensor, its placements on a 2x2 mesh (a 1-D mesh of 2 takes the first): set "a" and set "b" differ for
 #: every tensor that can be split, so that a checkpoint saved with one is loaded with the other. "-": a plain
@@ -122,11 +122,7 @@ def run(scenario: Dict[str, Any], full: Dict[str, torch.Tensor], mesh: DeviceMes
 def main() -> int:
     spec = json.load(open(sys.argv[1]))
     out_path = os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=float(os.environ["ST_DIST_TIMEOUT"]))
-    host, port = os.environ["ST_DIST_STORE"].rsplit(":", 1)
-    store = dist.TCPStore(host, int(port), world + 1, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    rank, world = join_group()
     mesh = init_device_mesh("cpu", (2,) if world == 2 else (2, 2))
     full = load_file(spec["full"])
     results: Dict[str, Any] = {}

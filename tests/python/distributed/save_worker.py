@@ -8,7 +8,6 @@ the test process (``full_state_dict``), so the test compares the files with ``sa
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
@@ -151,16 +150,12 @@ def _bytes(t: Any) -> torch.Tensor:
 
 
 def main() -> None:
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from worker import join_group  # the script directory is on sys.path
 
     spec = json.loads(open(sys.argv[1]).read())
     out = sys.argv[2]
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    host, port = os.environ["ST_DIST_STORE"].split(":")
-    timeout = datetime.timedelta(seconds=float(os.environ["ST_DIST_TIMEOUT"]))
-    store = dist.TCPStore(host, int(port), world + 1, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    rank, world = join_group()
     mesh = init_device_mesh("cpu", tuple(spec["mesh"]))
     for i, args in enumerate(spec["scenarios"]):
         try:

@@ -11,7 +11,6 @@ whether the loaded bytes equal it.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 import safetensors.distributed as sdist
 from safetensors import SafetensorError, safe_open
 from safetensors.distributed import _moving
+from worker import join_group  # the script directory is on sys.path
 
 
 def io_counters() -> Dict[str, int]:
@@ -152,11 +152,7 @@ def run(scenario: Dict[str, Any], rank: int) -> Dict[str, Any]:
 def main() -> int:
     spec = json.load(open(sys.argv[1]))
     out_dir = sys.argv[2]
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=float(os.environ.get("ST_DIST_TIMEOUT", "20")))
-    host, port = os.environ["ST_DIST_STORE"].rsplit(":", 1)
-    store = dist.TCPStore(host, int(port), world + 1, is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    rank, world = join_group()
     results: Dict[str, Any] = {}
     out_path = os.path.join(out_dir, f"rank{rank}.json")
     real = (_moving.read_chunk, _moving.read_part)

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import torch
 import torch.distributed as dist
@@ -130,9 +130,10 @@ def install_fault(args: Dict[str, Any], rank: int) -> None:
     _moving.read_chunk = faulty
 
 
-def main() -> int:
-    spec = json.load(open(sys.argv[1]))
-    out_dir = sys.argv[2]
+def join_group() -> Tuple[int, int]:
+    """Joins the gloo process group the test spawned this rank into (RANK and WORLD_SIZE from the environment;
+    the test's TCPStore at ST_DIST_STORE, else torch's env:// rendezvous; ST_DIST_TIMEOUT seconds, default 20)
+    and returns (rank, world). Every test worker starts with it."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=float(os.environ.get("ST_DIST_TIMEOUT", "20")))
     store_at = os.environ.get("ST_DIST_STORE")
@@ -142,6 +143,13 @@ def main() -> int:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=timeout)
+    return rank, world
+
+
+def main() -> int:
+    spec = json.load(open(sys.argv[1]))
+    out_dir = sys.argv[2]
+    rank, world = join_group()
     results = {}
     out_path = os.path.join(out_dir, f"rank{rank}.json")
     for scenario in spec["scenarios"]:
