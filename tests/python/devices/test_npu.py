@@ -6,7 +6,6 @@ collected in a process without it, its tests run in a child pytest, reported by 
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import torch
@@ -25,25 +24,12 @@ BACKENDS = ["mmap", "pread", "direct", "auto"]
 
 @pytest.fixture(autouse=True)
 def _npu(request):
-    if request.node.originalname == "test_npu_in_a_child_process":
-        yield
-        return
-    if not npu_sim.may_install_here():
-        pytest.skip("ran in a child process: see test_npu_in_a_child_process")
-    npu_sim.install(2)
-    torch.npu.set_device(0)
-    npu_sim.reset_copy_stats()
+    npu_sim.enter_test(request, "test_npu_in_a_child_process")
     yield
 
 
 def test_npu_in_a_child_process():
-    if npu_sim.may_install_here():
-        pytest.skip("this process runs the npu tests itself")
-    proc = npu_sim.run_pytest_child(__file__, "-rfEs")
-    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
-    assert proc.returncode == 0, f"npu tests failed in the child process:\n{output}"
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 14, output
+    npu_sim.run_file_in_child(__file__, 14)
 
 
 def raw(t: torch.Tensor) -> bytes:

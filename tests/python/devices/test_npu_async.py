@@ -13,7 +13,6 @@ changes the whole process, so in a process without it these tests run in a child
 from __future__ import annotations
 
 import gc
-import re
 
 import pytest
 import torch
@@ -25,13 +24,9 @@ MiB = 2**20
 
 @pytest.fixture(autouse=True)
 def _npu(request):
-    if request.node.originalname == "test_npu_async_in_a_child_process":
+    if not npu_sim.enter_test(request, "test_npu_async_in_a_child_process"):
         yield
         return
-    if not npu_sim.may_install_here():
-        pytest.skip("ran in a child process: see test_npu_async_in_a_child_process")
-    npu_sim.install(2)
-    torch.npu.set_device(0)
     npu_sim.set_async_copies(True)
     npu_sim.set_copy_delay_us(2000)
     npu_sim.synchronize()
@@ -45,13 +40,7 @@ def _npu(request):
 
 
 def test_npu_async_in_a_child_process():
-    if npu_sim.may_install_here():
-        pytest.skip("this process runs the npu tests itself")
-    proc = npu_sim.run_pytest_child(__file__, "-rfEs")
-    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
-    assert proc.returncode == 0, f"npu async tests failed in the child process:\n{output}"
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 14, output
+    npu_sim.run_file_in_child(__file__, 14)
 
 
 def pinned_range(n: int, start: int = 0) -> torch.Tensor:

@@ -10,7 +10,6 @@ process that has installed the simulator, they run in-process.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,26 +32,15 @@ DTYPES = [
 
 @pytest.fixture(autouse=True)
 def _simulator(request):
-    if request.node.originalname == "test_simulator_in_a_child_process":
+    if not npu_sim.enter_test(request, "test_simulator_in_a_child_process"):
         yield
         return
-    if not npu_sim.may_install_here():
-        pytest.skip("ran in a child process: see test_simulator_in_a_child_process")
-    npu_sim.install(2)
-    torch.npu.set_device(0)
-    npu_sim.reset_copy_stats()
     yield
     torch.npu.set_device(0)
 
 
 def test_simulator_in_a_child_process():
-    if npu_sim.may_install_here():
-        pytest.skip("this process runs the simulator tests itself")
-    proc = npu_sim.run_pytest_child(__file__, "-rfEs")
-    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
-    assert proc.returncode == 0, f"simulator tests failed in the child process:\n{output}"
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 30, output
+    npu_sim.run_file_in_child(__file__, 30)
 
 
 def random_tensor(dtype: torch.dtype, rows: int = 4, cols: int = 6) -> torch.Tensor:

@@ -35,13 +35,15 @@ change the process it is collected in can run itself in a child pytest: see ``ma
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
+import pytest
 import torch
 
 __all__ = [
@@ -336,3 +338,31 @@ def run_pytest_child(*args: str, timeout: float = 900) -> subprocess.CompletedPr
     env = dict(os.environ, **{IN_PROCESS_ENV: "1"})
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def enter_test(request: Any, child_test: str) -> bool:
+    """The start of an autouse fixture of a file whose tests run on the simulator: False for the file's
+    ``child_test`` (which runs the file in a child process, see run_file_in_child); else skips unless the
+    simulator may be installed in this process, installs it with two devices, selects device 0, resets the
+    copy statistics and returns True (the fixture then does its own set-up)."""
+    if request.node.originalname == child_test:
+        return False
+    if not may_install_here():
+        pytest.skip(f"ran in a child process: see {child_test}")
+    install(2)
+    torch.npu.set_device(0)
+    reset_copy_stats()
+    return True
+
+
+def run_file_in_child(path: str, min_passed: int) -> None:
+    """The body of a file's ``child_test``: runs the file's tests in a child process that installs the
+    simulator (skips where this process runs them itself) and asserts they passed, at least ``min_passed``."""
+    if may_install_here():
+        pytest.skip("this process runs the simulator tests itself")
+    proc = run_pytest_child(path, "-rfEs")
+    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, f"simulator tests of {path} failed in the child process:\n{output}"
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= min_passed, output
+

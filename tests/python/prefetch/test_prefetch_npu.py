@@ -21,24 +21,12 @@ from safetensors.torch import save_file
 
 @pytest.fixture(autouse=True)
 def _npu(request):
-    if request.node.originalname == "test_prefetch_npu_in_a_child_process":
-        yield
-        return
-    if not npu_sim.may_install_here():
-        pytest.skip("ran in a child process: see test_prefetch_npu_in_a_child_process")
-    npu_sim.install(2)
-    torch.npu.set_device(0)
+    npu_sim.enter_test(request, "test_prefetch_npu_in_a_child_process")
     yield
 
 
 def test_prefetch_npu_in_a_child_process():
-    if npu_sim.may_install_here():
-        pytest.skip("this process runs the npu tests itself")
-    proc = npu_sim.run_pytest_child(__file__, "-rfEs")
-    output = f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"
-    assert proc.returncode == 0, f"npu prefetch tests failed in the child process:\n{output}"
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 5, output
+    npu_sim.run_file_in_child(__file__, 5)
 
 
 def raw(t: torch.Tensor) -> bytes:
