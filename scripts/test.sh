@@ -23,13 +23,20 @@ for stage in scripts/test.d/*.sh; do
     for want in "$@"; do [[ $name == *"$want"* ]] && selected=1; done
     ((selected)) || continue
   fi
-  printf '\n\033[1m=== %s ===\033[0m\n' "$name"
+  printf '\n\033[1m=== %s (%s, %ds in) ===\033[0m\n' "$name" "$(date -u +%H:%M:%S)" $((SECONDS - start_all))
   t0=$SECONDS
-  if ! bash "$stage"; then
-    printf '\n\033[31mFAILED: %s (after %ds)\033[0m\n' "$name" $((SECONDS - t0))
+  # A stage that hangs fails on its own, naming itself, long before CI's limit for the whole run.
+  rc=0
+  timeout --kill-after=30 "${SAFETENSORS_STAGE_TIMEOUT:-1800}" bash "$stage" || rc=$?
+  if ((rc)); then
+    ((rc == 124)) && printf '\n\033[31m%s ran past SAFETENSORS_STAGE_TIMEOUT (%ss) and was stopped\033[0m' \
+      "$name" "${SAFETENSORS_STAGE_TIMEOUT:-1800}"
+    printf '\n\033[31mFAILED: %s (after %ds; the stages before it:)\033[0m\n' "$name" $((SECONDS - t0))
+    printf '  %s\n' "${summary[@]}"
     exit 1
   fi
   summary+=("$(printf '%-28s %5ds' "$name" $((SECONDS - t0)))")
+  printf '\033[1m--- %s passed in %ds\033[0m\n' "$name" $((SECONDS - t0))
 done
 printf '\n\033[1m=== all stages passed (%ds) ===\033[0m\n' $((SECONDS - start_all))
 printf '  %s\n' "${summary[@]}"
