@@ -28,6 +28,7 @@ __all__ = [
     "CheckpointError",
     "IndexFormatError",
     "Shard",
+    "checkpoint_files",
     "format_size",
     "parse_size",
     "read_index",
@@ -36,6 +37,20 @@ __all__ = [
 
 INDEX_SUFFIX = ".safetensors.index.json"
 SAFETENSORS_SUFFIX = ".safetensors"
+
+
+def checkpoint_files(directory: str, stem: str = "model") -> List[str]:
+    """The paths of the checkpoint files named ``stem`` in ``directory``, of either layout (``STEM.safetensors``,
+    or shards and ``STEM.safetensors.index.json``), sorted; shard names are recognized by the C++ rule that
+    names them (``is_shard_file_name``). What a new save of ``stem`` there replaces."""
+    if not os.path.isdir(directory or "."):
+        return []
+    single, index = stem + SAFETENSORS_SUFFIX, stem + INDEX_SUFFIX
+    return sorted(
+        os.path.join(directory, e)
+        for e in os.listdir(directory or ".")
+        if e in (single, index) or _cpp.is_shard_file_name(stem, e)
+    )
 
 
 class CheckpointError(Exception):

@@ -11,7 +11,7 @@ from typing import IO, Any, Dict, List, Sequence, Tuple
 
 from .. import _safetensors_cpp as _cpp
 from .._safetensors_cpp import SafetensorError
-from .._checkpoint_paths import INDEX_SUFFIX, SAFETENSORS_SUFFIX, format_size, parse_size
+from .._checkpoint_paths import INDEX_SUFFIX, SAFETENSORS_SUFFIX, checkpoint_files, format_size, parse_size
 from .common import EXIT_OK, CliError, describe_error, count_of, Progress, WriteWatcher
 
 def _output_layout(output: str) -> Tuple[str, str]:
@@ -23,19 +23,6 @@ def _output_layout(output: str) -> Tuple[str, str]:
     if not base.endswith(SAFETENSORS_SUFFIX) or base == SAFETENSORS_SUFFIX:
         raise CliError(f"{output}: the output must be a .safetensors file name or a directory")
     return directory, base[: -len(SAFETENSORS_SUFFIX)]
-
-
-def _existing_outputs(directory: str, stem: str) -> List[str]:
-    """Files of either layout (one file, or shards and an index) already written for ``stem``; shard names are
-    recognized by the C++ rule that names them (``is_shard_file_name``)."""
-    if not os.path.isdir(directory or "."):
-        return []
-    single, index = stem + SAFETENSORS_SUFFIX, stem + INDEX_SUFFIX
-    return sorted(
-        os.path.join(directory, e)
-        for e in os.listdir(directory or ".")
-        if e in (single, index) or _cpp.is_shard_file_name(stem, e)
-    )
 
 
 def _parse_metadata(items: Sequence[str]) -> Dict[str, str]:
@@ -140,7 +127,7 @@ def cmd_convert(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> i
         except ValueError as e:
             raise CliError(f"--max-shard-size: {e}") from None
     user_metadata = _parse_metadata(args.metadata or [])
-    existing = _existing_outputs(directory, stem)
+    existing = checkpoint_files(directory, stem)
     if existing and not args.force:
         raise CliError(f"{existing[0]}: already exists; pass --force to overwrite")
     try:

@@ -11,8 +11,9 @@ process group's timeout; a rank that failed still takes part in every exchange, 
    DTensors and plain tensors, held whole by every rank, are spread over the ranks). Each rank checks it sees
    the marker (the directory is shared); rank 0 creates the temporary files. Exchange statuses.
 3. Write: each rank writes its pieces at their final offsets and fsyncs them. Exchange statuses: the barrier.
-4. Publish: rank 0 renames the temporaries into place, writes the index (several files), fsyncs the
-   directory. Exchange its status.
+4. Publish: rank 0 renames the temporaries into place, writes the index (several files), removes what an
+   earlier save of another split left there (``model*`` shards, index or single file not written now), fsyncs
+   the directory. Exchange its status.
 
 Any failure before step 4 -- an error on any rank, a collective that failed because a rank died -- removes the
 temporaries (every surviving rank tries: the names follow from the token) and raises on every rank; final
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from .. import _safetensors_cpp as _cpp
 from .._core import Box, PathLike, SafetensorError
-from .._checkpoint_paths import parse_size
+from .._checkpoint_paths import INDEX_SUFFIX, checkpoint_files, parse_size
 from ._files import (FileLayout, TensorDesc, create_temporary, dtype_code, fsync_directory, nbytes, plan_file,
                      publish, remove_quietly, temporary_name, WritePiece, write_pieces)
 from ._group import Group, error_text, failures_text
@@ -239,10 +240,16 @@ def _save(grp: Group, state_dict: Mapping[str, Any], directory: str, max_shard_s
     status = None
     if grp.rank == 0:
         try:
+            before = checkpoint_files(directory)
             publish(directory, [(temporary_name(f.file_name, token), f.file_name) for f in layout.files])
+            written = {f.file_name for f in layout.files}
             if layout.plan is not None:
                 _cpp.write_index(directory, layout.plan, True)
-            remove_quietly(directory, [_marker(token)])
+                written.add(layout.plan.index_file_name)
+            # What an earlier save of another split left (its shards, its index or its single file) goes, the
+            # index first, so no reader meets an index naming removed shards or a stale file beside the new.
+            stale = [os.path.basename(p) for p in before if os.path.basename(p) not in written]
+            remove_quietly(directory, sorted(stale, key=lambda n: not n.endswith(INDEX_SUFFIX)) + [_marker(token)])
             fsync_directory(directory)
         except Exception as e:  # noqa: BLE001
             status = error_text(e)

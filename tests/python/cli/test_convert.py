@@ -186,8 +186,9 @@ def test_convert_refuses_to_overwrite_without_force_and_cleans_stale_shards(cli,
 
 
 def test_convert_counts_as_its_outputs_the_shard_names_the_library_gives(tmp_path):
-    """convert's stale-output rule is the C++ shard naming rule (is_shard_file_name), not a second pattern."""
-    from safetensors._cli.convert import _existing_outputs
+    """convert's (and save_state_dict's) stale-output rule is the C++ shard naming rule (is_shard_file_name),
+    not a second pattern."""
+    from safetensors._checkpoint_paths import checkpoint_files
 
     ours = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
             "model-100000-of-100000.safetensors", "model.safetensors", "model.safetensors.index.json"]
@@ -196,8 +197,8 @@ def test_convert_counts_as_its_outputs_the_shard_names_the_library_gives(tmp_pat
                 "other-00001-of-00002.safetensors", "model.bin"]
     for name in ours + not_ours:
         (tmp_path / name).write_bytes(b"")
-    assert _existing_outputs(str(tmp_path), "model") == sorted(str(tmp_path / n) for n in ours)
-    assert _existing_outputs(str(tmp_path / "absent"), "model") == []
+    assert checkpoint_files(str(tmp_path), "model") == sorted(str(tmp_path / n) for n in ours)
+    assert checkpoint_files(str(tmp_path / "absent"), "model") == []
 
 
 @pytest.mark.parametrize(

@@ -103,8 +103,21 @@ def world4(tmp_path_factory):
         {"kind": "save", "dir": str(tmp / "single"), "max": "5GB"},
         {"kind": "save", "dir": str(tmp / "multi"), "max": MULTI, "metadata": {"a": "b"}},
         {"kind": "dcp", "dir": str(tmp / "dcp"), "mapping": {name: 1 + i % 3 for i, (name, *_) in enumerate(spec)}},
+        # A save over an earlier save of another split: shards and index -> one file, and back.
+        {"kind": "save", "dir": str(tmp / "to_single"), "max": MULTI},
+        {"kind": "save", "dir": str(tmp / "to_single"), "max": "5GB"},
+        {"kind": "save", "dir": str(tmp / "to_shards"), "max": "5GB"},
+        {"kind": "save", "dir": str(tmp / "to_shards"), "max": MULTI},
     ]
+    for name in ("to_single", "to_shards"):  # files that are not the checkpoint's stay
+        (tmp / name).mkdir()
+        for other in OTHERS:
+            (tmp / name / other).write_bytes(other.encode())
     return tmp, spec, scenarios, spawn(tmp, [2, 2], scenarios)
+
+
+#: Files beside a checkpoint that a save of ``model`` leaves alone: other stems, other shard counts' look-alikes.
+OTHERS = ("notes.txt", "other-00001-of-00002.safetensors", "model-1-of-2.safetensors", "model.bin")
 
 
 def test_single_file_is_save_file_of_the_full_state_dict(world2):
@@ -162,3 +175,15 @@ def test_world4_on_a_2x2_mesh(world4):
     saved = {k: v for k, v in full.items() if not any(x in k for x in save_worker.DCP_LEFT_OUT)}
     assert got == {f"model-{i:05d}-of-00003.safetensors": st.save(
         {k: v for k, v in saved.items() if mapping[k] == i}, metadata={"format": "pt"}) for i in (1, 2, 3)}
+
+
+def test_a_save_replaces_an_earlier_split_of_the_checkpoint(world4):
+    tmp, spec, scenarios, results = world4
+    assert results[3:7] == [[{"ok": {}}] * 4] * 4, results[3:7]
+    full = save_worker.full_state_dict(spec, 0)
+    others = {name: name.encode() for name in OTHERS}
+    # the earlier shards and their index are gone: a reader finds only the new single file
+    assert files_of(tmp / "to_single") == {**expected_files(full, "5GB"), **others}
+    # the earlier model.safetensors is gone: transformers would load it before looking for an index
+    assert files_of(tmp / "to_shards") == {**expected_files(full, MULTI), **others}
+
