@@ -73,7 +73,7 @@ def full_state() -> Dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> Dict[str, Path]:
-    from huggingface_hub import split_torch_state_dict_into_shards
+    split_torch_state_dict_into_shards = pytest.importorskip("huggingface_hub").split_torch_state_dict_into_shards
 
     root = tmp_path_factory.mktemp("dcp")
     state = full_state()

@@ -53,7 +53,7 @@ def expected_files(full: Dict[str, Any], max_shard_size: Any, metadata: Optional
                    ) -> Dict[str, bytes]:
     """What a user publishing ``full`` writes: huggingface_hub's split, each file save_file'd with
     ``{"format": "pt", **metadata}``, and transformers' index when there are several."""
-    from huggingface_hub import split_torch_state_dict_into_shards
+    split_torch_state_dict_into_shards = pytest.importorskip("huggingface_hub").split_torch_state_dict_into_shards
 
     split = split_torch_state_dict_into_shards(full, max_shard_size=max_shard_size)
     md = {"format": "pt", **(metadata or {})}
