@@ -25,6 +25,10 @@ ROOT=$PWD
 CACHE=${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$CACHE"
+# One run at a time: scripts/test.sh starts one in the background early; stage 55's own run waits for it here,
+# then finds everything built.
+exec 9>"$CACHE/.lock"
+flock 9
 
 # Debian's python3.14 source package: its version and the SHA-256 of its upstream tarball.
 CPYTHON_DEBIAN=3.14.7-1

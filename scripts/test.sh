@@ -14,15 +14,31 @@ export CMAKE_GENERATOR=Ninja
 JOBS=${JOBS:-$(nproc)}
 export JOBS
 
+selected() {  # STAGE_NAME: whether the command line selects it (no arguments: every stage)
+  local want
+  ((${#ARGS[@]})) || return 0
+  for want in "${ARGS[@]}"; do [[ $1 == *"$want"* ]] && return 0; done
+  return 1
+}
+ARGS=("$@")
+
+# The free-threaded CPython and its venv (scripts/python-ft.sh: minutes of compiling and a large download when
+# its cache is cold) are prepared in the background from now on, at the lowest priority, so they take the CPU
+# and network the stages before 55 leave idle (the Python suite uses less than one of the cores) rather than
+# time of their own; stage 55's own call waits for this one (a lock) and finds them ready. Its log:
+# build/python-ft.log.
+if selected 55-free-threaded; then
+  mkdir -p build
+  setsid nice -n 19 bash scripts/python-ft.sh >build/python-ft.log 2>&1 &
+  prepare_pid=$!
+  trap 'kill -- -"$prepare_pid" 2>/dev/null || true' EXIT
+fi
+
 summary=()
 start_all=$SECONDS
 for stage in scripts/test.d/*.sh; do
   name=$(basename "$stage" .sh)
-  if (($#)); then
-    selected=0
-    for want in "$@"; do [[ $name == *"$want"* ]] && selected=1; done
-    ((selected)) || continue
-  fi
+  selected "$name" || continue
   printf '\n\033[1m=== %s (%s, %ds in) ===\033[0m\n' "$name" "$(date -u +%H:%M:%S)" $((SECONDS - start_all))
   t0=$SECONDS
   # A stage that hangs fails on its own, naming itself, long before CI's limit for the whole run.

@@ -21,7 +21,8 @@ OUT = Path(os.environ.get("SAFETENSORS_DEMO_OUT", ROOT / "build" / "demo"))
 REFERENCE = Path(os.environ.get("SAFETENSORS_REFERENCE_PATH", ROOT / ".ref"))
 # The interpreter that runs the reference (its wheel does not import on a free-threaded Python).
 REFERENCE_PYTHON = os.environ.get("SAFETENSORS_REFERENCE_PYTHON", sys.executable)
-REPEAT = 3
+# Timed runs per row (SAFETENSORS_DEMO_REPEAT; the test of the demo runs each once).
+REPEAT = int(os.environ.get("SAFETENSORS_DEMO_REPEAT", "3"))
 
 
 def gpt2_small() -> dict:

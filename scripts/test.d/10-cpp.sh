@@ -1,7 +1,9 @@
 # The C++ library, its tests, examples and benchmarks in a release-with-assertions build.
 set -euo pipefail
 cd "$ROOT"
-cmake -S . -B build/cpp -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$ROOT/build/install" >/dev/null
+# -g1 (line tables and functions: enough for a backtrace) instead of -g: a quarter less compile time.
+cmake -S . -B build/cpp -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$ROOT/build/install" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
 cmake --build build/cpp -j "$JOBS"
 ctest --test-dir build/cpp -j "$JOBS" --output-on-failure --timeout 300
 # The benchmark binary runs (a smoke test; numbers are in BENCHMARKS.md).
