@@ -23,7 +23,6 @@ from __future__ import annotations
 import operator
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _safetensors_cpp as _cpp
 from ._core import DTYPES, Box, Piece
 from ._safetensors_cpp import SafetensorError
 
@@ -94,39 +93,11 @@ def _select(file: Any, name: str, whole: Piece, slices: Tuple[slice, ...]) -> Pi
                               f"{len(shape)} dimensions")
     box = tuple(_bounds(name, s, n) for s, n in zip(slices, shape)) + tuple((0, n) for n in shape[len(slices):])
     sub = tuple(stop - start for start, stop in box)
-    if len(slices) == 1:
-        # Rows of the first dimension: one run (the engine's row_piece, which also refuses packed rows that
-        # do not fall on byte boundaries).
-        begin, end = _cpp.row_piece(file, name, box[0][0], box[0][1])
-        return Piece(whole.code, sub, begin, end)
-    count = 1
-    for n in sub:
-        count *= n
-    if count == 0:
-        return Piece(whole.code, sub, whole.begin, whole.begin)
-    # One run when every dimension after the first one holding more than one index is whole.
-    k = next((d for d, n in enumerate(sub) if n != 1), len(sub))
-    if all(box[d] == (0, shape[d]) for d in range(k + 1, len(shape))):
-        begin, end = _span(whole, box)
-        bits = DTYPES[whole.code].bits
-        if ((begin - whole.begin) * 8) % bits or (count * bits) % 8:
-            raise SafetensorError(f"prefetch plan for {name}: packed rows do not fall on byte boundaries")
-        return Piece(whole.code, sub, begin, end)
-    # Strided runs: the library plans them (and refuses packed runs that do not fall on byte boundaries).
-    file.plan_slice(name, [slice(start, stop) for start, stop in box])
-    begin, end = _span(whole, box)
-    return Piece(whole.code, sub, begin, end, box)
-
-
-def _span(whole: Piece, box: Box) -> Tuple[int, int]:
-    """The data-buffer bytes from the box's first element to its last (inclusive); the box holds elements."""
-    strides = [1] * len(box)
-    for d in range(len(box) - 2, -1, -1):
-        strides[d] = strides[d + 1] * whole.shape[d + 1]
-    first = sum(start * st for (start, _), st in zip(box, strides))
-    last = sum((stop - 1) * st for (_, stop), st in zip(box, strides))
-    bits = DTYPES[whole.code].bits
-    return whole.begin + first * bits // 8, whole.begin + ((last + 1) * bits + 7) // 8
+    # The library plans the box (and refuses packed runs that do not fall on byte boundaries): one run is a byte
+    # range of the file; more are strided runs that keep their box, and the range from the first to the last.
+    plan = file.plan_slice(name, [slice(start, stop) for start, stop in box])
+    begin, end = whole.begin + plan.source_begin, whole.begin + plan.source_end
+    return Piece(whole.code, sub, begin, end, box if plan.run_count > 1 else None)
 
 
 def _bounds(name: str, s: slice, count: int) -> Tuple[int, int]:

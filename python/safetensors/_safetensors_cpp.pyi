@@ -40,6 +40,24 @@ class SlicePlan:
     def is_whole(self) -> bool: ...
 
     @property
+    def run_count(self) -> int:
+        """
+        How many contiguous runs of the tensor's bytes the result is made of (0 when it is empty).
+        """
+
+    @property
+    def source_begin(self) -> int:
+        """
+        The lowest byte any run reads, from the tensor's first byte; 0 when empty.
+        """
+
+    @property
+    def source_end(self) -> int:
+        """
+        One past the highest byte any run reads, from the tensor's first byte; 0 when empty.
+        """
+
+    @property
     def first_element(self) -> int:
         """
         The result as a strided view of the tensor: the row-major index of its first element.

@@ -161,6 +161,12 @@ NB_MODULE(_safetensors_cpp, m) {
           nb::sig("def shape(self) -> tuple[int, ...]"))
       .def_prop_ro("nbytes", &SlicePlan::nbytes)
       .def_prop_ro("is_whole", &SlicePlan::is_whole)
+      .def_prop_ro("run_count", &SlicePlan::run_count,
+                   "How many contiguous runs of the tensor's bytes the result is made of (0 when it is empty).")
+      .def_prop_ro("source_begin", &SlicePlan::source_begin,
+                   "The lowest byte any run reads, from the tensor's first byte; 0 when empty.")
+      .def_prop_ro("source_end", &SlicePlan::source_end,
+                   "One past the highest byte any run reads, from the tensor's first byte; 0 when empty.")
       .def_prop_ro("first_element", &SlicePlan::first_element,
                    "The result as a strided view of the tensor: the row-major index of its first element.")
       .def_prop_ro(
