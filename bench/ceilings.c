@@ -21,15 +21,21 @@
  *                                               with DEPTH reads in flight: DEPTH threads each with one pread
  *                                               (URING=0), or one thread keeping DEPTH reads queued on an
  *                                               io_uring (URING=1; raw syscalls, no liburing)
+ *   ceilings uring  FILE  DEPTH REPS MEMORY
+ *                                               read the whole file through the page cache on one thread that
+ *                                               keeps DEPTH reads of 8 MiB queued on an io_uring (raw syscalls),
+ *                                               into memory chosen by MEMORY as for pread (0, 1, 2; 3 is 1)
  *   ceilings write  FILE  BYTES THREADS REPS FSYNC
  *                                               write BYTES from a pre-faulted buffer to a new FILE with
  *                                               pwrite in 8 MiB pieces (FSYNC=1: then fsync the file and its
  *                                               directory); the file is unlinked after each repetition
  *
- * Prints one JSON object: {"op", "bytes", "threads", "seconds": [one per repetition]}. Fresh memory is
- * anonymous private mmap, without MADV_HUGEPAGE unless HUGE=1 / MEMORY=2: plain is what glibc malloc (and so
- * torch.empty) gives a large allocation; numpy asks for huge pages on large arrays, which on a kernel with
- * transparent huge pages set to "madvise" makes first touch much cheaper (512x fewer page faults).
+ * Prints one JSON object: {"op", "bytes", "threads", "seconds": [one per repetition]}, and for pread and uring
+ * also "minor_faults", "user_seconds", "sys_seconds": the process's getrusage over all repetitions. Fresh
+ * memory is anonymous private mmap, without MADV_HUGEPAGE unless HUGE=1 / MEMORY=2: plain is what glibc malloc
+ * (and so torch.empty) gives a large allocation; numpy asks for huge pages on large arrays, which on a kernel
+ * with transparent huge pages set to "madvise" makes first touch take 512x fewer page faults (whether it is
+ * faster depends on the host: bench/fresh_memory.py measures both).
  * Build: cc -O2 -pthread ceilings.c -o ceilings (bench/run.py does it).
  */
 #define _GNU_SOURCE
@@ -43,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -55,6 +62,8 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+static double seconds_of(struct timeval tv) { return (double)tv.tv_sec + (double)tv.tv_usec * 1e-6; }
 
 static void die(const char* what) {
   fprintf(stderr, "ceilings: %s: %s\n", what, strerror(errno));
@@ -161,7 +170,9 @@ static void run(struct job* j, unsigned threads) {
   }
 }
 
-/* One thread keeping `depth` O_DIRECT reads of `piece` bytes in flight on an io_uring (raw syscalls). */
+/* One thread keeping `depth` reads of `piece` bytes in flight on an io_uring (raw syscalls): O_DIRECT (pieces
+ * rounded up to whole blocks) or through the page cache. Each read must return its whole piece, or up to the end
+ * of the file for the last one. */
 static void run_uring(struct job* j, unsigned depth) {
   struct io_uring_params p;
   memset(&p, 0, sizeof p);
@@ -197,6 +208,7 @@ static void run_uring(struct job* j, unsigned depth) {
       e->addr = (unsigned long long)(uintptr_t)(j->dst + next);
       e->len = (unsigned)n;
       e->off = next;
+      e->user_data = next;
       sq_array[idx] = idx;
       ++tail;
       ++queued;
@@ -209,9 +221,15 @@ static void run_uring(struct job* j, unsigned depth) {
     inflight += queued;
     unsigned head = atomic_load_explicit(cq_head, memory_order_relaxed);
     while (head != atomic_load_explicit(cq_tail, memory_order_acquire)) {
-      if (cqes[head & cq_mask].res < 0) {
-        errno = -cqes[head & cq_mask].res;
+      const struct io_uring_cqe* c = &cqes[head & cq_mask];
+      if (c->res < 0) {
+        errno = -c->res;
         die("io_uring read");
+      }
+      size_t want = j->bytes - c->user_data < piece ? j->bytes - c->user_data : piece;
+      if ((size_t)c->res < want) {
+        errno = EIO;
+        die("io_uring read came back short");
       }
       ++head;
       --inflight;
@@ -262,8 +280,8 @@ int main(int argc, char** argv) {
   if (argc < 5) {
     fprintf(stderr,
             "usage: ceilings memcpy BYTES THREADS REPS | ceilings touch BYTES THREADS REPS [HUGE [IDLE]] | "
-            "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings direct FILE DEPTH REPS [PIECE_KIB "
-            "[URING]] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
+            "ceilings pread FILE THREADS REPS MEMORY [PIECE_MIB] | ceilings uring FILE DEPTH REPS MEMORY | "
+            "ceilings direct FILE DEPTH REPS [PIECE_KIB [URING]] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
     return 2;
   }
   const char* opname = argv[1];
@@ -275,6 +293,7 @@ int main(int argc, char** argv) {
   memset(&j, 0, sizeof j);
   j.fd = -1;
   int fresh_each = 0;
+  int uring = 0; /* uring: THREADS is the queue depth of one thread */
   unsigned idle = 0;
   if (strcmp(opname, "memcpy") == 0) {
     j.op = OP_MEMCPY;
@@ -290,9 +309,10 @@ int main(int argc, char** argv) {
     fresh_each = 1;
     huge = argc > 5 && atoi(argv[5]) != 0;
     idle = argc > 6 ? (unsigned)strtoul(argv[6], NULL, 10) : 0;
-  } else if (strcmp(opname, "pread") == 0) {
+  } else if (strcmp(opname, "pread") == 0 || strcmp(opname, "uring") == 0) {
     if (argc < 6) return 2;
     j.op = OP_PREAD;
+    uring = strcmp(opname, "uring") == 0;
     j.fd = open(argv[2], O_RDONLY | O_CLOEXEC);
     if (j.fd < 0) die("open");
     struct stat st;
@@ -300,8 +320,8 @@ int main(int argc, char** argv) {
     j.bytes = (size_t)st.st_size;
     fresh_each = atoi(argv[5]) != 0;
     huge = atoi(argv[5]) == 2;
-    populate = atoi(argv[5]) == 3;
-    if (argc > 6) {
+    populate = !uring && atoi(argv[5]) == 3;
+    if (!uring && argc > 6) {
       size_t mib = strtoull(argv[6], NULL, 10);
       piece = mib ? mib << 20 : (j.bytes ? j.bytes : 1);
     }
@@ -318,7 +338,7 @@ int main(int argc, char** argv) {
     j.bytes = (size_t)st.st_size;
     if (argc > 5) piece = (size_t)strtoull(argv[5], NULL, 10) << 10;
     if (piece == 0 || piece % 4096) piece = (size_t)8 << 20;
-    int uring = argc > 6 && atoi(argv[6]) != 0;
+    uring = argc > 6 && atoi(argv[6]) != 0;
     size_t room = (j.bytes + piece + 4095) & ~(size_t)4095;
     j.dst = fresh(room);
     memset(j.dst, 0, room);
@@ -352,15 +372,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   printf("{\"op\": \"%s\", \"bytes\": %zu, \"threads\": %u, \"seconds\": [", opname, j.bytes, threads);
+  struct rusage before, after;
+  double busy = 0, kernel = 0;
+  long faults = 0;
   for (int r = 0; r < reps; ++r) {
     if (idle) sleep(idle);
+    getrusage(RUSAGE_SELF, &before);
     double t0 = now();
     if (fresh_each) j.dst = fresh(j.bytes);
-    run(&j, threads);
+    if (uring) {
+      run_uring(&j, threads);
+    } else {
+      run(&j, threads);
+    }
     double t = now() - t0;
+    getrusage(RUSAGE_SELF, &after);
+    faults += after.ru_minflt - before.ru_minflt;
+    busy += seconds_of(after.ru_utime) - seconds_of(before.ru_utime);
+    kernel += seconds_of(after.ru_stime) - seconds_of(before.ru_stime);
     if (fresh_each) munmap(j.dst, j.bytes ? j.bytes : 1);
     printf("%s%.9f", r ? ", " : "", t);
   }
-  printf("]}\n");
+  printf("], \"minor_faults\": %ld, \"user_seconds\": %.6f, \"sys_seconds\": %.6f}\n", faults, busy, kernel);
   return 0;
 }

@@ -333,15 +333,17 @@ def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
     _import_peer(method)
     reset_peak()
     m0 = memory()
-    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     state, nbytes = _load(method, path, pt)
     t = time.perf_counter() - t0
-    # Page faults the load took (every thread of the process): how its destinations met fresh memory.
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    # Page faults and CPU time the load took (every thread of the process, those that ended included): how its
+    # destinations met fresh memory, and how much of the time the kernel spent.
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     m1 = memory()
     out.update(seconds=t, bytes=nbytes, rss_delta=m1["rss"] - m0["rss"], peak_delta=m1["hwm"] - m0["rss"],
-               minor_faults=faults)
+               minor_faults=r1.ru_minflt - r0.ru_minflt, user_seconds=r1.ru_utime - r0.ru_utime,
+               sys_seconds=r1.ru_stime - r0.ru_stime)
     del state
     return out
 
