@@ -122,12 +122,17 @@ def measure(path: Path, rows: List[Row], reps: int, ceilings: Path, idle: float)
     return {"samples": samples, "errors": errors}
 
 
+def median_of(samples: Dict[str, List[Dict[str, Any]]], key: str, field: str) -> Optional[float]:
+    """The median of `field` over the row's samples; None for a row without any."""
+    s = samples.get(key) or []
+    return statistics.median(x[field] for x in s) if s else None
+
+
 def table(size: int, rows: List[Row], got: Dict[str, Any]) -> List[str]:
     samples, errors = got["samples"], got["errors"]
 
-    def med(key: str, field: str) -> Optional[float]:
-        s = samples.get(key) or []
-        return statistics.median(x[field] for x in s) if s else None
+    def med(key: str, field: str = "seconds") -> Optional[float]:
+        return median_of(samples, key, field)
 
     ceiling_key = min((r.key for r in rows if r.kind == "c" and r.fresh and med(r.key, "seconds")),
                       key=lambda k: med(k, "seconds") or float("inf"), default=None)
@@ -164,8 +169,7 @@ def reading(size: int, got: Dict[str, Any]) -> List[str]:
     samples = got["samples"]
 
     def med(key: str, field: str = "seconds") -> Optional[float]:
-        s = samples.get(key) or []
-        return statistics.median(x[field] for x in s) if s else None
+        return median_of(samples, key, field)
 
     out = []
     if med("ours_auto") and med("runai_uring"):
@@ -225,8 +229,7 @@ def main() -> None:
         sys.exit("bench/ceilings.c did not build")
     thp = Path("/sys/kernel/mm/transparent_hugepage")
     meta = {"command": "bench/fresh_memory.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
+            "commit": run.sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"),
             "machine": f"{os.cpu_count()} CPUs, {platform.release()}", "load_start": run.load_average(),
             "thp": ", ".join(f"{f} {(thp / f).read_text().strip()}" for f in ("enabled", "defrag")
                              if (thp / f).exists()) or "absent"}

@@ -212,8 +212,7 @@ def main() -> None:
                             capture_output=True, text=True).stdout.strip()
     meta = {"command": "bench/threads.py " + " ".join(sys.argv[1:]), "files": args.files, "tensors": args.tensors,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": f"CPython {python}",
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(), "load_start": run.load_average()}
+            "commit": run.sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"), "load_start": run.load_average()}
     rows = [Row(impl, gil, mode) for impl in ("ours", "ref") for mode in ("files", "handle", "serial")
             for gil in (0, 1)]
     samples: Dict[Row, List[Dict[str, Any]]] = {r: [] for r in rows}
