@@ -157,14 +157,17 @@ class PrefetchLoader:
             self._check_open()
             if name not in self._pieces:
                 raise SafetensorError(f"{name} is not in the prefetch plan")
-            if name in self._taken:
-                raise SafetensorError(
-                    f"tensor {name} already delivered (prefetch hands each tensor out once, via take or iteration)"
-                )
-            while name not in self._ready and name not in self._failed:
+            while True:
+                # Checked again after every wait: another thread may have taken it meanwhile.
+                if name in self._taken:
+                    raise SafetensorError(
+                        f"tensor {name} already delivered (prefetch hands each tensor out once, via take or "
+                        "iteration)"
+                    )
+                if name in self._ready or name in self._failed:
+                    return self._hand_out(name)
                 self._lock.wait()
                 self._check_open()
-            return self._hand_out(name)
 
     def __iter__(self) -> "TensorStream":
         """``(name, tensor)`` pairs as their bytes land (unspecified order); tensors already taken are skipped."""

@@ -244,6 +244,40 @@ def test_shared_prefetch_loader_hands_each_tensor_out_once(tmp_path, round_):
     assert all(name in handed for per_thread in refused for name in per_thread)
 
 
+@needs_torch
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_threads_taking_the_same_tensors_get_each_once(tmp_path, round_):
+    """Every thread takes every tensor, in the same order, at once: for each name exactly one take returns it
+    (with its bytes) and every other raises "already delivered". Eight threads meet on each name, so a take
+    whose check and hand-out are not one step (a second thread between them) hands a tensor out twice or
+    fails on the one already handed out, and a take that waits for a tensor another thread then takes must
+    wake to "already delivered" (checking only for a landing, it waited forever: 3.11, switch interval 1 us)."""
+    tensors = make_tensors(91 + round_, count=512)
+    path = tmp_path / "race.safetensors"
+    save_file(tensors, str(path))
+    names = sorted(tensors)
+    got: List[Dict[str, Any]] = [{} for _ in range(THREADS)]
+    refused = [0] * THREADS
+    with safe_open(path, "pt") as f, f.prefetch() as loader:
+
+        def work(tid: int, barrier: threading.Barrier) -> None:
+            barrier.wait()
+            for name in names:
+                try:
+                    got[tid][name] = loader.take(name)
+                except SafetensorError as e:
+                    assert "already delivered" in str(e), e
+                    refused[tid] += 1
+
+        run_threads(work)
+    handed = sorted(name for per_thread in got for name in per_thread)
+    assert handed == names, "each tensor is handed out exactly once"
+    assert sum(refused) == (THREADS - 1) * len(names)
+    for per_thread in got:
+        for name, tensor in per_thread.items():
+            same(tensor, tensors[name])
+
+
 @pytest.mark.parametrize("framework", ["np", pytest.param("pt", marks=needs_torch)])
 @pytest.mark.parametrize("round_", range(ROUNDS))
 def test_exit_while_other_threads_read(model, framework, round_):
