@@ -26,13 +26,42 @@ ARGS=("$@")
 # its cache is cold) are prepared in the background from now on, at the lowest priority, so they take the CPU
 # and network the stages before 55 leave idle (the Python suite uses less than one of the cores) rather than
 # time of their own; stage 55's own call waits for this one (a lock) and finds them ready. Its log:
-# build/python-ft.log.
+# build/python-ft.log. (Nice 15: ahead of the wheels below for the idle CPU, as it is needed first.)
+background=()  # process groups started here, stopped when this script exits
+trap 'for g in "${background[@]}"; do kill -- -"$g" 2>/dev/null || true; done' EXIT
+mkdir -p build
 if selected 55-free-threaded; then
-  mkdir -p build
-  setsid nice -n 19 bash scripts/python-ft.sh >build/python-ft.log 2>&1 &
-  prepare_pid=$!
-  trap 'kill -- -"$prepare_pid" 2>/dev/null || true' EXIT
+  setsid nice -n 15 bash scripts/python-ft.sh >build/python-ft.log 2>&1 &
+  background+=($!)
 fi
+
+# The wheels stage (zig cross-compiles, Debian roots downloaded and tested under chroot and qemu: CPU and
+# network, nothing the other stages use or make) runs the same way, from the start, at the lowest priority, into
+# build/stage-70-wheels.log: it takes the CPU the stages before it leave idle (the Python suite uses about one
+# of the two cores) instead of 20-odd minutes at the end. At its turn in the order the run waits for it (at most
+# the stage timeout from then) and prints its log. SAFETENSORS_WHEELS_BESIDE=0 runs it in its turn instead.
+early_stage=scripts/test.d/70-wheels.sh
+early_pid=""
+if selected 70-wheels && [ "${SAFETENSORS_WHEELS_BESIDE:-1}" = 1 ] && [ -f "$early_stage" ]; then
+  setsid nice -n 19 bash "$early_stage" >build/stage-70-wheels.log 2>&1 &
+  early_pid=$!
+  background+=("$early_pid")
+fi
+
+# Waits for the stage started beside the others: its status, or 124 when it ran past the stage timeout from now.
+wait_early() {
+  local t0=$SECONDS status=0
+  while kill -0 "$early_pid" 2>/dev/null && ((SECONDS - t0 < ${SAFETENSORS_STAGE_TIMEOUT:-1800})); do sleep 2; done
+  if kill -0 "$early_pid" 2>/dev/null; then
+    kill -- -"$early_pid" 2>/dev/null || true
+    wait "$early_pid" || true
+    status=124
+  else
+    wait "$early_pid" || status=$?
+  fi
+  cat build/stage-70-wheels.log
+  return "$status"
+}
 
 summary=()
 start_all=$SECONDS
@@ -43,7 +72,12 @@ for stage in scripts/test.d/*.sh; do
   t0=$SECONDS
   # A stage that hangs fails on its own, naming itself, long before CI's limit for the whole run.
   rc=0
-  timeout --kill-after=30 "${SAFETENSORS_STAGE_TIMEOUT:-1800}" bash "$stage" || rc=$?
+  if [ -n "$early_pid" ] && [ "$stage" = "$early_stage" ]; then
+    echo "(started beside the stages before it, at 0s; its output:)"
+    wait_early || rc=$?
+  else
+    timeout --kill-after=30 "${SAFETENSORS_STAGE_TIMEOUT:-1800}" bash "$stage" || rc=$?
+  fi
   if ((rc)); then
     ((rc == 124)) && printf '\n\033[31m%s ran past SAFETENSORS_STAGE_TIMEOUT (%ss) and was stopped\033[0m' \
       "$name" "${SAFETENSORS_STAGE_TIMEOUT:-1800}"
