@@ -24,10 +24,9 @@ using safetensors::Dtype;
 using safetensors::Error;
 using safetensors::c_api::checked_tensor_at;
 using safetensors::c_api::fail;
-using safetensors::c_api::fail_internal;
 using safetensors::c_api::guarded;
 using safetensors::c_api::make_handle;
-using safetensors::c_api::open_options;
+using safetensors::c_api::open_handle;
 using safetensors::c_api::out_string;
 using safetensors::c_api::tensor_at;
 using safetensors::internal::quote;
@@ -360,13 +359,9 @@ SAFETENSORS_SET_ACCESSORS_(safetensors_sharded, safetensors_sharded_t)
 
 safetensors_code_t safetensors_open(const char* path, int backend, safetensors_file_t** file,
                                     safetensors_error_t** error) {
-  *file = nullptr;
-  return guarded(error, [&] {
-    auto options = open_options(backend, path);
-    if (!options.ok()) return fail(error, options.error());
-    auto opened = safetensors::File::open(path, *options);
-    return make_handle(std::move(opened), file, error);
-  });
+  return open_handle(
+      backend, path, [&](const safetensors::OpenOptions& options) { return safetensors::File::open(path, options); },
+      file, error);
 }
 
 safetensors_code_t safetensors_open_memory(const void* data, size_t size, safetensors_file_t** file,

@@ -104,6 +104,19 @@ Result<const TensorInfo*> checked_tensor_at(const H* h, size_t i) {
 // MEMORY, a read path no open asks for: the one place a request for it is refused.
 Result<OpenOptions> open_options(int b, std::string_view context);
 
+// The C API's opens by backend: *out is NULL, then a new handle over open(options for `backend`), or the
+// Error of the backend (naming `context`) or of the open.
+template <typename H, typename Open>
+safetensors_code_t open_handle(int backend, std::string_view context, Open&& open, H** out,
+                               safetensors_error_t** error) {
+  *out = nullptr;
+  return guarded(error, [&] {
+    auto options = open_options(backend, context);
+    if (!options.ok()) return fail(error, options.error());
+    return make_handle(open(*options), out, error);
+  });
+}
+
 }  // namespace safetensors::c_api
 
 #endif  // SAFETENSORS_SRC_C_API_INTERNAL_H_

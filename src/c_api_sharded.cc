@@ -12,11 +12,9 @@
 #include "safetensors/sharded.h"
 
 using safetensors::Error;
-using safetensors::c_api::checked_tensor_at;
 using safetensors::c_api::fail;
 using safetensors::c_api::guarded;
-using safetensors::c_api::make_handle;
-using safetensors::c_api::open_options;
+using safetensors::c_api::open_handle;
 using safetensors::c_api::tensor_at;
 
 extern "C" {
@@ -26,33 +24,27 @@ extern "C" {
 
 safetensors_code_t safetensors_sharded_open_index(const char* index_path, int backend, safetensors_sharded_t** sharded,
                                                   safetensors_error_t** error) {
-  *sharded = nullptr;
-  return guarded(error, [&] {
-    auto options = open_options(backend, index_path);
-    if (!options.ok()) return fail(error, options.error());
-    auto opened = safetensors::ShardedFile::open_index(index_path, *options);
-    return make_handle(std::move(opened), sharded, error);
-  });
+  return open_handle(
+      backend, index_path,
+      [&](const safetensors::OpenOptions& options) {
+        return safetensors::ShardedFile::open_index(index_path, options);
+      },
+      sharded, error);
 }
 
 safetensors_code_t safetensors_sharded_open_files(const char* const* paths, size_t count, int backend,
                                                   safetensors_sharded_t** sharded, safetensors_error_t** error) {
-  *sharded = nullptr;
-  return guarded(error, [&] {
-    auto options = open_options(backend, "<shards>");
-    if (!options.ok()) return fail(error, options.error());
-    if (paths == nullptr && count != 0) return fail(error, Error::invalid_argument("<shards>", "paths is NULL"));
+  const auto open = [&](const safetensors::OpenOptions& options) -> safetensors::Result<safetensors::ShardedFile> {
+    if (paths == nullptr && count != 0) return Error::invalid_argument("<shards>", "paths is NULL");
     std::vector<std::string> list;
     list.reserve(count);
     for (size_t k = 0; k < count; ++k) {
-      if (paths[k] == nullptr) {
-        return fail(error, Error::invalid_argument("<shards>", "path " + std::to_string(k) + " is NULL"));
-      }
+      if (paths[k] == nullptr) return Error::invalid_argument("<shards>", "path " + std::to_string(k) + " is NULL");
       list.emplace_back(paths[k]);
     }
-    auto opened = safetensors::ShardedFile::open_files(list, *options);
-    return make_handle(std::move(opened), sharded, error);
-  });
+    return safetensors::ShardedFile::open_files(list, options);
+  };
+  return open_handle(backend, "<shards>", open, sharded, error);
 }
 
 void safetensors_sharded_free(safetensors_sharded_t* sharded) { delete sharded; }
@@ -76,7 +68,7 @@ safetensors_code_t safetensors_sharded_read_many(const safetensors_sharded_t* sh
     std::vector<safetensors::ReadRequest> reqs;
     reqs.reserve(count);
     for (size_t k = 0; k < count; ++k) {
-      auto t = checked_tensor_at(sharded, requests[k].tensor);
+      auto t = safetensors::c_api::checked_tensor_at(sharded, requests[k].tensor);
       if (!t.ok()) return fail(error, t.error());
       reqs.push_back({*t, std::span<std::byte>(static_cast<std::byte*>(requests[k].dst), requests[k].dst_len)});
     }

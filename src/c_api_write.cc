@@ -15,7 +15,6 @@
 #include "safetensors/sharded.h"
 #include "safetensors/writer.h"
 
-using safetensors::Dtype;
 using safetensors::Error;
 using safetensors::c_api::fail;
 using safetensors::c_api::fail_internal;
@@ -54,7 +53,7 @@ safetensors::Result<SaveInputs> to_save_inputs(const safetensors_tensor_t* tenso
     }
     safetensors::TensorData d;
     d.name = std::move(name);
-    d.dtype = static_cast<Dtype>(t.dtype);
+    d.dtype = static_cast<safetensors::Dtype>(t.dtype);
     if (t.rank) d.shape.assign(t.shape, t.shape + t.rank);
     d.data = std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.size);
     in.tensors.push_back(std::move(d));
