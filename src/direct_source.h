@@ -12,6 +12,9 @@
 
 namespace safetensors::internal {
 
+// 4096: the largest logical block size of common devices, and the page size. A filesystem that needs more
+// fails the reads with EINVAL, and the source falls back to the page cache.
+inline constexpr std::uint64_t kDefaultDirectAlignment = 4096;
 // The direct-I/O alignment of an open file, in bytes (powers of two): of the destination's address and of the
 // file offset and length. From statx(STATX_DIOALIGN) (Linux 6.1) where the filesystem reports it, else
 // kDefaultDirectAlignment for both.
@@ -21,9 +24,6 @@ struct DirectAlignment {
   // Whether the filesystem reported them.
   bool reported = false;
 };
-// 4096: the largest logical block size of common devices, and the page size. A filesystem that needs more
-// fails the reads with EINVAL, and the source falls back to the page cache.
-inline constexpr std::uint64_t kDefaultDirectAlignment = 4096;
 DirectAlignment direct_alignment(int fd);
 
 // Bytes of each read through bounce memory, and so of each bounce buffer (a multiple of any alignment up to
