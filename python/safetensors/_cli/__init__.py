@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from typing import IO, Any, Callable, Optional, Sequence
 
 from .. import _safetensors_cpp as _cpp  # noqa: F401 - tests patch the binding through here
 from .common import EXIT_USAGE, PROG, CliError
@@ -33,6 +33,23 @@ A checkpoint is a .safetensors file, a directory (its *.safetensors.index.json w
 one, else every *.safetensors file in it), or an index file such as model.safetensors.index.json."""
 
 
+def _command(commands: Any, name: str, run: Callable[[argparse.Namespace, IO[str], IO[str]], int], summary: str,
+             description: str) -> argparse.ArgumentParser:
+    """Adds the subcommand ``name``, which :func:`main` runs as ``run(args, stdout, stderr)``."""
+    p = commands.add_parser(name, help=summary, description=description)
+    p.set_defaults(run=run)
+    return p
+
+
+def _checkpoint(p: argparse.ArgumentParser, name: str = "path", metavar: str = "FILE|DIR|INDEX") -> None:
+    """Adds a positional argument naming a checkpoint (what one may be: see the epilog)."""
+    p.add_argument(name, metavar=metavar, help="a .safetensors file, a directory or an index file")
+
+
+def _flag(p: argparse.ArgumentParser, *names: str, help: str) -> None:
+    p.add_argument(*names, action="store_true", help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -46,38 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
-    p = commands.add_parser(
-        "inspect",
-        help="list tensors, parameter counts and metadata",
-        description="Show each tensor (name, dtype, shape, size, data offsets), parameter counts by dtype, the "
-        "total size of tensor data, and the metadata. For an index, each shard shows only the tensors the index "
-        "assigns to it.",
-    )
-    p.add_argument("path", metavar="FILE|DIR|INDEX", help="a .safetensors file, a directory or an index file")
-    p.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
-    p.set_defaults(run=cmd_inspect)
+    p = _command(commands, "inspect", cmd_inspect, "list tensors, parameter counts and metadata",
+                 "Show each tensor (name, dtype, shape, size, data offsets), parameter counts by dtype, the total "
+                 "size of tensor data, and the metadata. For an index, each shard shows only the tensors the index "
+                 "assigns to it.")
+    _checkpoint(p)
+    _flag(p, "--json", help="print a JSON document instead of tables")
 
-    p = commands.add_parser(
-        "verify",
-        help="validate headers and read every tensor",
-        description="Validate every file (the header, then every tensor's bytes, read from disk) and, for an "
-        "index, that each shard it names exists and holds the tensors assigned to it. Exit status 1 on any "
-        "failure.",
-    )
-    p.add_argument("path", metavar="FILE|DIR|INDEX", help="a .safetensors file, a directory or an index file")
-    p.add_argument("--scan", action="store_true", help="also count NaN and Inf values in float tensors (exit 1 if any)")
-    p.add_argument("-q", "--quiet", action="store_true", help="print only failures, findings and the summary")
-    p.set_defaults(run=cmd_verify)
+    p = _command(commands, "verify", cmd_verify, "validate headers and read every tensor",
+                 "Validate every file (the header, then every tensor's bytes, read from disk) and, for an index, that "
+                 "each shard it names exists and holds the tensors assigned to it. Exit status 1 on any failure.")
+    _checkpoint(p)
+    _flag(p, "--scan", help="also count NaN and Inf values in float tensors (exit 1 if any)")
+    _flag(p, "-q", "--quiet", help="print only failures, findings and the summary")
 
-    p = commands.add_parser(
-        "convert",
-        help="convert a PyTorch checkpoint (.bin/.pt/.pth) to safetensors",
-        description="Convert a PyTorch checkpoint (a state dict, or a dict with a 'state_dict' or 'model' entry "
-        "holding one) loaded with torch.load(weights_only=True). Shared (tied) tensors are stored once and "
-        "recorded in the metadata as save_model does; the metadata also gets format=pt, which transformers "
-        "4.x requires. With --max-shard-size, a checkpoint above the limit is written as "
-        "STEM-0000i-of-0000N.safetensors shards plus STEM.safetensors.index.json.",
-    )
+    p = _command(commands, "convert", cmd_convert, "convert a PyTorch checkpoint (.bin/.pt/.pth) to safetensors",
+                 "Convert a PyTorch checkpoint (a state dict, or a dict with a 'state_dict' or 'model' entry holding "
+                 "one) loaded with torch.load(weights_only=True). Shared (tied) tensors are stored once and recorded "
+                 "in the metadata as save_model does; the metadata also gets format=pt, which transformers 4.x "
+                 "requires. With --max-shard-size, a checkpoint above the limit is written as "
+                 "STEM-0000i-of-0000N.safetensors shards plus STEM.safetensors.index.json.")
     p.add_argument("input", metavar="INPUT", help="the PyTorch checkpoint file")
     p.add_argument(
         "output",
@@ -94,37 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metadata", metavar="KEY=VALUE", action="append", help="a metadata entry to store (repeatable)"
     )
-    p.add_argument(
-        "-f", "--force", action="store_true", help="overwrite existing output, removing stale shards of the same stem"
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
-    p.set_defaults(run=cmd_convert)
+    _flag(p, "-f", "--force", help="overwrite existing output, removing stale shards of the same stem")
+    _flag(p, "-q", "--quiet", help="no progress bar and no summary")
 
-    p = commands.add_parser(
-        "diff",
-        help="compare two checkpoints",
-        description="Compare two checkpoints: tensors only in one, different dtype or shape, different values "
-        "(bytes; for floats also the largest absolute difference), and metadata (merged over each checkpoint's "
-        "files). Exit status 0 when identical, 1 when different.",
-    )
-    p.add_argument("a", metavar="A", help="a .safetensors file, a directory or an index file")
-    p.add_argument("b", metavar="B", help="a .safetensors file, a directory or an index file")
-    p.set_defaults(run=cmd_diff)
+    p = _command(commands, "diff", cmd_diff, "compare two checkpoints",
+                 "Compare two checkpoints: tensors only in one, different dtype or shape, different values (bytes; "
+                 "for floats also the largest absolute difference), and metadata (merged over each checkpoint's "
+                 "files). Exit status 0 when identical, 1 when different.")
+    _checkpoint(p, "a", "A")
+    _checkpoint(p, "b", "B")
 
-    p = commands.add_parser(
-        "consolidate",
-        help="write the full files of a torch DCP sharded checkpoint",
-        description="Write the full safetensors files of a directory of DCP shard files (torch's "
-        "HuggingFaceStorageWriter with save_distributed=True): model-00001-of-0000N.safetensors (one file "
-        "unless --mapping says otherwise), each as save_file writes the full tensors with format=pt, and "
-        "model.safetensors.index.json. Streams: memory is one read buffer, whatever the tensors' sizes.",
-    )
+    p = _command(commands, "consolidate", cmd_consolidate, "write the full files of a torch DCP sharded checkpoint",
+                 "Write the full safetensors files of a directory of DCP shard files (torch's "
+                 "HuggingFaceStorageWriter with save_distributed=True): model-00001-of-0000N.safetensors (one file "
+                 "unless --mapping says otherwise), each as save_file writes the full tensors with format=pt, and "
+                 "model.safetensors.index.json. Streams: memory is one read buffer, whatever the tensors' sizes.")
     p.add_argument("sharded_dir", metavar="SHARDED_DIR", help="the directory of shard files")
     p.add_argument("out_dir", metavar="OUT_DIR", help="where the full files go (created if missing)")
     p.add_argument("--mapping", metavar="JSON", help="a JSON file {tensor name: output file index 1..N}")
     p.add_argument("--buffer-mib", type=int, default=64, metavar="MIB", help="read buffer size (default 64)")
-    p.add_argument("-q", "--quiet", action="store_true", help="do not list the files written")
-    p.set_defaults(run=cmd_consolidate)
+    _flag(p, "-q", "--quiet", help="do not list the files written")
     return parser
 
 
