@@ -175,24 +175,35 @@ def gc_paused():
                 gc.enable()
 
 
-class TensorMeta:
-    """A tensor's header entry, as written in the file: ``dtype`` (the code, e.g. ``"F32"``), ``shape`` and
-    ``data_offsets`` (``(begin, end)`` within the data buffer). Built without reading any data."""
+class _HeaderDtypeShape:
+    """What :class:`TensorMeta` and :class:`TensorSpec` share: a tensor's dtype and shape as the header has them.
+    Subclasses set ``_dtype`` and ``_shape``."""
 
-    __slots__ = ("_dtype", "_shape", "_offsets")
+    __slots__ = ("_dtype", "_shape")
 
-    def __init__(self, dtype: str, shape: List[int], data_offsets: Tuple[int, int]) -> None:
-        self._dtype = dtype
-        self._shape = shape
-        self._offsets = data_offsets
+    _dtype: str
+    _shape: List[int]
 
     @property
     def dtype(self) -> str:
+        """The format code in the header, e.g. ``"F32"``."""
         return self._dtype
 
     @property
     def shape(self) -> List[int]:
         return list(self._shape)
+
+
+class TensorMeta(_HeaderDtypeShape):
+    """A tensor's header entry, as written in the file: ``dtype`` (the code, e.g. ``"F32"``), ``shape`` and
+    ``data_offsets`` (``(begin, end)`` within the data buffer). Built without reading any data."""
+
+    __slots__ = ("_offsets",)
+
+    def __init__(self, dtype: str, shape: List[int], data_offsets: Tuple[int, int]) -> None:
+        self._dtype = dtype
+        self._shape = shape
+        self._offsets = data_offsets
 
     @property
     def data_offsets(self) -> Tuple[int, int]:
@@ -212,7 +223,7 @@ class TensorMeta:
                 f"({self._offsets[0]}, {self._offsets[1]}) }}")
 
 
-class TensorSpec:
+class TensorSpec(_HeaderDtypeShape):
     """One tensor for :func:`serialize` / :func:`serialize_file`: raw memory described by a torch-style dtype
     name and a shape. The caller keeps ``data_ptr`` valid until the call returns.
 
@@ -220,7 +231,7 @@ class TensorSpec:
     doubled, so ``shape`` is always the logical element count written to the header.
     """
 
-    __slots__ = ("_dtype", "_shape", "_data_ptr", "_data_len")
+    __slots__ = ("_data_ptr", "_data_len")
 
     def __init__(self, *, dtype: str, shape: Sequence[int], data_ptr: int, data_len: int) -> None:
         code = _CODE_BY_TORCH_NAME.get(dtype) if isinstance(dtype, str) else None
@@ -234,15 +245,6 @@ class TensorSpec:
         self._shape = dims
         self._data_ptr = int(data_ptr)
         self._data_len = int(data_len)
-
-    @property
-    def dtype(self) -> str:
-        """The format code written to the header, e.g. ``"F32"``."""
-        return self._dtype
-
-    @property
-    def shape(self) -> List[int]:
-        return list(self._shape)
 
     @property
     def data_ptr(self) -> int:
