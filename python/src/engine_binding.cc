@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -221,21 +222,26 @@ SlabAllocator to_allocator(std::optional<nb::object> alloc, std::optional<nb::ob
   return a;
 }
 
+// Stats as the binding hands them out: a dict[str, int] of named counters.
+nb::dict counters(std::initializer_list<std::pair<const char*, std::uint64_t>> named) {
+  nb::dict d;
+  for (const auto& [name, value] : named) d[name] = value;
+  return d;
+}
+
 nb::dict pool_stats() {
   const SlabPoolStats s = SlabPool::global().stats();
-  nb::dict d;
-  d["capacity"] = s.capacity;
-  d["slab_bytes"] = s.slab_bytes;
-  d["allocated_bytes"] = s.allocated_bytes;
-  d["peak_bytes"] = s.peak_bytes;
-  d["slabs_in_use"] = s.slabs_in_use;
-  d["slabs_free"] = s.slabs_free;
-  d["allocations"] = s.allocations;
-  d["frees"] = s.frees;
-  d["users"] = s.users;
-  d["allocator_changes"] = s.allocator_changes;
-  d["custom_allocator"] = static_cast<std::uint64_t>(s.custom_allocator);
-  return d;
+  return counters({{"capacity", s.capacity},
+                   {"slab_bytes", s.slab_bytes},
+                   {"allocated_bytes", s.allocated_bytes},
+                   {"peak_bytes", s.peak_bytes},
+                   {"slabs_in_use", s.slabs_in_use},
+                   {"slabs_free", s.slabs_free},
+                   {"allocations", s.allocations},
+                   {"frees", s.frees},
+                   {"users", s.users},
+                   {"allocator_changes", s.allocator_changes},
+                   {"custom_allocator", s.custom_allocator}});
 }
 
 using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optional<std::uintptr_t>>;
@@ -371,17 +377,15 @@ void bind_engine(nb::module_& m) {
           "stats",
           [](const PyPrefetcher& self) {
             const PrefetchStats s = self.ref()->stats();
-            nb::dict d;
-            d["bytes_read"] = s.bytes_read;
-            d["reads"] = s.reads;
-            d["bytes_staged"] = s.bytes_staged;
-            d["bytes_direct"] = s.bytes_direct;
-            d["chunks"] = s.chunks;
-            d["slab_wait_ns"] = s.slab_wait_ns;
-            d["events_lent"] = s.events_lent;
-            d["started_ns"] = s.started_ns;
-            d["last_read_end_ns"] = s.last_read_end_ns;
-            return d;
+            return counters({{"bytes_read", s.bytes_read},
+                             {"reads", s.reads},
+                             {"bytes_staged", s.bytes_staged},
+                             {"bytes_direct", s.bytes_direct},
+                             {"chunks", s.chunks},
+                             {"slab_wait_ns", s.slab_wait_ns},
+                             {"events_lent", s.events_lent},
+                             {"started_ns", s.started_ns},
+                             {"last_read_end_ns", s.last_read_end_ns}});
           },
           nb::sig("def stats(self) -> dict[str, int]"),
           "Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...");
