@@ -155,11 +155,9 @@ class SAFETENSORS_EXPORT ShardedFile {
   Result<SlicePlan> plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const;
   Status read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const;
 
-  // Reads many tensors, from any shards, into caller buffers using up to `threads` threads (0 = a default
-  // based on the hardware and the total size); reads of different shards proceed in parallel and large
-  // tensors are split so the threads share the work. Returns the first error met; on error the contents of
-  // all destinations are unspecified. Errors: kInvalidArgument (a request whose tensor is not an element of
-  // tensors(), or whose dst.size() != tensor->nbytes()), kIo.
+  // As File::read_many(), for tensors of any shards: reads of different shards proceed in parallel. Errors:
+  // kInvalidArgument (a request whose tensor is not an element of tensors(), or whose dst.size() !=
+  // tensor->nbytes()), kIo.
   Status read_many(std::span<const ReadRequest> requests, unsigned threads = 0) const;
 
  private:
