@@ -1,0 +1,92 @@
+"""Page cache and memory accounting for the benchmarks, torch-free: residency by mincore, eviction, warming,
+this process's RSS and peak RSS, and durable writes. The measuring children (bench/worker.py), the ceilings
+of bench/run.py and the other scripts of bench/ (through worker.py) all use these."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+from typing import Dict
+
+PAGE = mmap.PAGESIZE
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def resident_fraction(path: str) -> float:
+    """Fraction of the file's pages in the page cache, by mincore() over a fresh shared mapping of it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0.0
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            pages = (size + PAGE - 1) // PAGE
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore {path}")
+            return sum(b & 1 for b in bytes(vec)) / pages
+        finally:
+            _libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+
+
+def evict(path: str) -> float:
+    """Drops the file's clean pages from the page cache (posix_fadvise DONTNEED, after an fdatasync so no
+    page is dirty) and returns the fraction still resident afterwards, checked with mincore."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return resident_fraction(path)
+
+
+def warm(path: str) -> None:
+    """Reads the file once so every page is in the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(8 << 20)
+        while f.readinto(buf):
+            pass
+
+
+def memory() -> Dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of this process, in bytes."""
+    with open("/proc/self/status") as f:
+        fields = dict(re.findall(r"^(Vm\w+):\s+(\d+) kB", f.read(), re.M))
+    return {"rss": int(fields["VmRSS"]) * 1024, "hwm": int(fields["VmHWM"]) * 1024}
+
+
+def reset_peak() -> bool:
+    """Resets VmHWM to the current RSS (Linux clear_refs 5); False where that is not permitted."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def fsync_path(path: str) -> None:
+    """Makes a written file and its directory entry durable (what save_file(fsync=True) does)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
