@@ -48,8 +48,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import run  # noqa: E402  (build_ceilings, sizes and times as the main report writes them)
-import worker  # noqa: E402  (page-cache helpers, the model layout)
+import worker  # noqa: E402  (the page-cache helpers)
+from suite.ceilings import build_ceilings  # noqa: E402
+from suite.common import PEERS_DIR, fmt_time, parse_size, size_name  # noqa: E402  (as the main report writes them)
+from suite.machine import load_average, sh  # noqa: E402
 
 IDLE = 5.0
 
@@ -87,7 +89,7 @@ def run_row(row: Row, path: Path, ceilings: Path) -> Dict[str, Any]:
     if row.kind == "c":
         cmd = [str(ceilings), row.spec.split()[0], str(path), *row.spec.split()[1:]]
     else:
-        paths = {"ref": [ROOT / ".ref"], "peers": [run.PEERS_DIR]}.get(row.env, [])
+        paths = {"ref": [ROOT / ".ref"], "peers": [PEERS_DIR]}.get(row.env, [])
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths + [ROOT / "python"])
         request = {"op": "load", "method": row.spec, "path": str(path), "warm": False}
         cmd = [sys.executable, str(HERE / "worker.py"), "once", json.dumps(request)]
@@ -137,7 +139,7 @@ def table(size: int, rows: List[Row], got: Dict[str, Any]) -> List[str]:
     ceiling_key = min((r.key for r in rows if r.kind == "c" and r.fresh and med(r.key, "seconds")),
                       key=lambda k: med(k, "seconds") or float("inf"), default=None)
     ceiling = med(ceiling_key, "seconds") if ceiling_key else None
-    out = [f"| {run.size_name(size)} | min | median | max | GB/s | minor faults | sys CPU | user CPU | "
+    out = [f"| {size_name(size)} | min | median | max | GB/s | minor faults | sys CPU | user CPU | "
            "vs ceiling |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.key not in samples:
@@ -148,7 +150,7 @@ def table(size: int, rows: List[Row], got: Dict[str, Any]) -> List[str]:
         t = [x["seconds"] for x in samples[r.key]]
         m = statistics.median(t)
         vs = "ceiling" if r.key == ceiling_key else (f"{ceiling / m:.0%}" if ceiling and r.fresh else "")
-        out.append(f"| {r.label} | {run.fmt_time(min(t))} | {run.fmt_time(m)} | {run.fmt_time(max(t))} | "
+        out.append(f"| {r.label} | {fmt_time(min(t))} | {fmt_time(m)} | {fmt_time(max(t))} | "
                    f"{size / m / 1e9:.2f} | {med(r.key, 'minor_faults'):,.0f} | {med(r.key, 'sys_seconds'):.2f} s | "
                    f"{med(r.key, 'user_seconds'):.2f} s | {vs} |")
     ours, runai = med("ours_auto", "seconds"), med("runai_uring", "seconds")
@@ -176,21 +178,21 @@ def reading(size: int, got: Dict[str, Any]) -> List[str]:
         out.append(f"- Page faults: this package {med('ours_auto', 'minor_faults'):,.0f} (one per 4 KiB page), Run:ai "
                    f"io_uring_buffered {med('runai_uring', 'minor_faults'):,.0f} (one per 2 MiB page), with "
                    f"{med('ours_auto', 'sys_seconds'):.2f} s and {med('runai_uring', 'sys_seconds'):.2f} s of system "
-                   f"time: {run.fmt_time(med('ours_auto'))} against {run.fmt_time(med('runai_uring'))}.")
+                   f"time: {fmt_time(med('ours_auto'))} against {fmt_time(med('runai_uring'))}.")
     if med("c_pread") and med("c_pread_huge"):
         out.append(f"- Huge pages: the same pread into fresh MADV_HUGEPAGE memory takes "
                    f"{med('c_pread_huge', 'minor_faults'):,.0f} faults instead of {med('c_pread', 'minor_faults'):,.0f}"
-                   f" and {run.fmt_time(med('c_pread_huge'))} instead of {run.fmt_time(med('c_pread'))} "
+                   f" and {fmt_time(med('c_pread_huge'))} instead of {fmt_time(med('c_pread'))} "
                    f"({med('c_pread') / med('c_pread_huge'):.2f}x).")
     if med("c_pread") and med("c_uring"):
         out.append(f"- io_uring: buffered reads queued on an io_uring into fresh 4 KiB pages take "
                    f"{med('c_uring', 'minor_faults'):,.0f} faults (pread: {med('c_pread', 'minor_faults'):,.0f}) and "
-                   f"{run.fmt_time(med('c_uring'))} (pread from two threads: {run.fmt_time(med('c_pread'))}).")
+                   f"{fmt_time(med('c_uring'))} (pread from two threads: {fmt_time(med('c_pread'))}).")
     if med("c_pread") and med("c_populate"):
-        out.append(f"- Faulting each 512 KiB step in before reading it: {run.fmt_time(med('c_populate'))} against "
-                   f"{run.fmt_time(med('c_pread'))} for faults taken inside the copy.")
+        out.append(f"- Faulting each 512 KiB step in before reading it: {fmt_time(med('c_populate'))} against "
+                   f"{fmt_time(med('c_pread'))} for faults taken inside the copy.")
     if med("c_copy") and med("c_populate"):
-        out.append(f"- The copy alone (memory faulted in before the clock) takes {run.fmt_time(med('c_copy'))}: "
+        out.append(f"- The copy alone (memory faulted in before the clock) takes {fmt_time(med('c_copy'))}: "
                    f"fresh memory is {1 - med('c_copy') / med('c_populate'):.0%} of the fastest fill's time.")
     return out
 
@@ -224,18 +226,18 @@ def main() -> None:
         write(report({int(k): v for k, v in saved["results"].items()}, rows, saved["meta"]), args.markdown)
         return
     args.tmpdir.mkdir(parents=True, exist_ok=True)
-    ceilings = run.build_ceilings(args.tmpdir)
+    ceilings = build_ceilings(args.tmpdir)
     if ceilings is None:
         sys.exit("bench/ceilings.c did not build")
     thp = Path("/sys/kernel/mm/transparent_hugepage")
     meta = {"command": "bench/fresh_memory.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": run.sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"),
-            "machine": f"{os.cpu_count()} CPUs, {platform.release()}", "load_start": run.load_average(),
+            "commit": sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"),
+            "machine": f"{os.cpu_count()} CPUs, {platform.release()}", "load_start": load_average(),
             "thp": ", ".join(f"{f} {(thp / f).read_text().strip()}" for f in ("enabled", "defrag")
                              if (thp / f).exists()) or "absent"}
     results: Dict[int, Dict[str, Any]] = {}
-    for size in sorted(run.parse_size(s) for s in args.sizes.split(",")):
-        path = args.tmpdir / f"model-{run.size_name(size).replace(' ', '')}.safetensors"
+    for size in sorted(parse_size(s) for s in args.sizes.split(",")):
+        path = args.tmpdir / f"model-{size_name(size).replace(' ', '')}.safetensors"
         if not path.exists():
             made = subprocess.run([sys.executable, str(HERE / "worker.py"), "once", json.dumps(
                 {"op": "make", "path": str(path), "bytes": size, "hidden": 2048})],
@@ -243,7 +245,7 @@ def main() -> None:
             if made.returncode != 0 or not json.loads(made.stdout.strip().splitlines()[-1]).get("ok"):
                 sys.exit(f"could not write {path}: {made.stderr[-2000:]}{made.stdout[-2000:]}")
         results[size] = measure(path, rows, args.reps, ceilings, args.idle)
-    meta["load_end"] = run.load_average()
+    meta["load_end"] = load_average()
     (args.tmpdir / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     write(report(results, rows, meta), args.markdown)
 

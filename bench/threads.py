@@ -33,7 +33,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import run  # noqa: E402  (fmt_time and load_average as the main report writes them)
+from suite.common import fmt_time  # noqa: E402  (times as the main report writes them)
+from suite.machine import load_average, sh  # noqa: E402
 
 REFERENCE_RC = "0.9.0rc1"
 
@@ -181,8 +182,8 @@ def report(samples: Dict[Row, List[Dict[str, Any]]], errors: Dict[Row, str], met
         t = [x["seconds"] for x in samples[row]]
         serial = med(Row(row.impl, row.gil, "serial"))
         vs = f"{serial / med(row):.2f}x" if serial and row.mode != "serial" else ""
-        lines.append(f"| {label(row, files)} | {run.fmt_time(min(t))} | {run.fmt_time(med(row))} | "
-                     f"{run.fmt_time(max(t))} | {run.fmt_time(med(row, 'cpu'))} | {vs} |")
+        lines.append(f"| {label(row, files)} | {fmt_time(min(t))} | {fmt_time(med(row))} | "
+                     f"{fmt_time(max(t))} | {fmt_time(med(row, 'cpu'))} | {vs} |")
     lines.append("")
     for mode in ("files", "handle"):
         what = label(Row("ours", 0, mode), files).split(", ", 1)[1].rsplit(",", 1)[0]
@@ -212,7 +213,7 @@ def main() -> None:
                             capture_output=True, text=True).stdout.strip()
     meta = {"command": "bench/threads.py " + " ".join(sys.argv[1:]), "files": args.files, "tensors": args.tensors,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": f"CPython {python}",
-            "commit": run.sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"), "load_start": run.load_average()}
+            "commit": sh("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"), "load_start": load_average()}
     rows = [Row(impl, gil, mode) for impl in ("ours", "ref") for mode in ("files", "handle", "serial")
             for gil in (0, 1)]
     samples: Dict[Row, List[Dict[str, Any]]] = {r: [] for r in rows}
@@ -228,7 +229,7 @@ def main() -> None:
             print(f"[threads] round {rep + 1}/{args.reps} {label(row, args.files)}: "
                   f"{samples[row][-1]['seconds'] if samples[row] and row not in errors else errors.get(row)}",
                   file=sys.stderr)
-    meta["load_end"] = run.load_average()
+    meta["load_end"] = load_average()
     text = report(samples, errors, meta)
     if args.markdown:
         args.markdown.write_text(text)
