@@ -62,7 +62,7 @@ std::vector<SliceIndex> to_indices(nb::handle spec) {
 nb::tuple shape_tuple(std::span<const std::uint64_t> shape) {
   nb::object t = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(shape.size())));
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromUnsignedLongLong(shape[i]));
+    tuple_set(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromUnsignedLongLong(shape[i]));
   }
   return nb::borrow<nb::tuple>(t);
 }

@@ -50,6 +50,70 @@ decltype(auto) without_gil(F&& f) {
   return std::forward<F>(f)();
 }
 
+// The CPython calls the binding makes that the limited API (the cp312-abi3 wheel, SAFETENSORS_STABLE_ABI) lacks:
+// the unchecked macro in a per-version build, the checked function of the stable ABI in the abi3 one.
+inline void list_set(PyObject* list, Py_ssize_t i, PyObject* item) {  // steals `item`
+#ifdef Py_LIMITED_API
+  PyList_SetItem(list, i, item);
+#else
+  PyList_SET_ITEM(list, i, item);
+#endif
+}
+inline void tuple_set(PyObject* tuple, Py_ssize_t i, PyObject* item) {  // steals `item`
+#ifdef Py_LIMITED_API
+  PyTuple_SetItem(tuple, i, item);
+#else
+  PyTuple_SET_ITEM(tuple, i, item);
+#endif
+}
+inline PyObject* tuple_get(PyObject* tuple, Py_ssize_t i) {  // borrowed
+#ifdef Py_LIMITED_API
+  return PyTuple_GetItem(tuple, i);
+#else
+  return PyTuple_GET_ITEM(tuple, i);
+#endif
+}
+inline Py_ssize_t tuple_size(PyObject* tuple) {
+#ifdef Py_LIMITED_API
+  return PyTuple_Size(tuple);
+#else
+  return PyTuple_GET_SIZE(tuple);
+#endif
+}
+inline std::string type_name(PyObject* o) {  // for error texts: "int", "numpy.ndarray"
+#ifdef Py_LIMITED_API
+  // tp_name is out of reach: the same text from the type's __module__ and __qualname__.
+  try {
+    nanobind::handle type(reinterpret_cast<PyObject*>(Py_TYPE(o)));
+    std::string module = nanobind::str(type.attr("__module__")).c_str();
+    std::string name = nanobind::str(type.attr("__qualname__")).c_str();
+    return module == "builtins" ? name : module + "." + name;
+  } catch (...) {
+    PyErr_Clear();
+    return "?";
+  }
+#else
+  return Py_TYPE(o)->tp_name;
+#endif
+}
+// Whether this thread holds the GIL (on a free-threaded Python: whether it is attached). The stable ABI has no
+// PyGILState_Check: there, whether this thread has a thread state, which is the same for the binding's callers
+// (methods and deallocations, which CPython runs with the GIL).
+inline bool holds_gil() {
+#ifdef Py_LIMITED_API
+  return PyGILState_GetThisThreadState() != nullptr;
+#else
+  return PyGILState_Check() != 0;
+#endif
+}
+inline char* bytearray_data(PyObject* bytearray) {
+#ifdef Py_LIMITED_API
+  return PyByteArray_AsString(bytearray);
+#else
+  return PyByteArray_AS_STRING(bytearray);
+#endif
+}
+
 template <typename T>
 T check(Result<T> r, Op op = Op::kOther) {
   if (!r.ok()) raise_error(std::move(r).error(), op);

@@ -41,7 +41,7 @@ namespace {
 
 // Drops `p` with the GIL released when this thread holds it.
 void drop(std::shared_ptr<Prefetcher>& p) {
-  if (p && p.use_count() == 1 && PyGILState_Check()) {
+  if (p && p.use_count() == 1 && holds_gil()) {
     without_gil([&] { p.reset(); });
   } else {
     p.reset();

@@ -1,5 +1,7 @@
 #include "export.h"
 
+#include "common.h"
+
 #include <nanobind/ndarray.h>
 
 #include <cstdlib>
@@ -66,8 +68,8 @@ nb::object owned_bytes(std::uint64_t nbytes, std::span<std::byte>* dst, std::uin
   // The file was validated: a tensor's size fits in memory's address range.
   nb::object out = nb::steal(PyByteArray_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(nbytes)));
   if (!out.is_valid()) throw nb::python_error();
-  *dst = std::span<std::byte>(reinterpret_cast<std::byte*>(PyByteArray_AS_STRING(out.ptr())),
-                              static_cast<std::size_t>(nbytes));
+  *dst =
+      std::span<std::byte>(reinterpret_cast<std::byte*>(bytearray_data(out.ptr())), static_cast<std::size_t>(nbytes));
   advise_fresh_destination(*dst);
   return out;
 }

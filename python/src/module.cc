@@ -68,6 +68,9 @@ std::shared_ptr<const void> pin_buffer(nb::handle obj, std::span<const std::byte
 // A Python str of UTF-8 `s` (validated when the header was parsed). ASCII, the common case for tensor names,
 // is copied straight into a compact string without decoding.
 nb::str make_str(std::string_view s) {
+#ifdef Py_LIMITED_API
+  return nb::str(s.data(), s.size());  // the abi3 wheel: no direct access to a str's bytes
+#else
   // Eight bytes at a time: ASCII when no byte has its top bit set.
   std::uint64_t high = 0;
   std::size_t i = 0;
@@ -82,6 +85,7 @@ nb::str make_str(std::string_view s) {
   if (out == nullptr) throw nb::python_error();
   std::memcpy(PyUnicode_1BYTE_DATA(out), s.data(), s.size());
   return nb::steal<nb::str>(out);
+#endif
 }
 
 // A list of n items from make_item(i), filled in place.
@@ -91,7 +95,7 @@ nb::list make_list(std::size_t n, MakeItem&& make_item) {
   if (out == nullptr) throw nb::python_error();
   nb::list list = nb::steal<nb::list>(out);
   for (std::size_t i = 0; i < n; ++i) {
-    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), make_item(i).release().ptr());
+    list_set(out, static_cast<Py_ssize_t>(i), make_item(i).release().ptr());
   }
   return list;
 }
@@ -174,7 +178,7 @@ NB_MODULE(_safetensors_cpp, m) {
           [](const SlicePlan& p) {
             nb::object t = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(p.strides().size())));
             for (std::size_t i = 0; i < p.strides().size(); ++i) {
-              PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLongLong(p.strides()[i]));
+              tuple_set(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLongLong(p.strides()[i]));
             }
             return nb::borrow<nb::tuple>(t);
           },

@@ -50,7 +50,7 @@ PyObject* get_shape(PyObject* self, PyObject*) {
       Py_DECREF(out);
       return nullptr;
     }
-    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), d);
+    list_set(out, static_cast<Py_ssize_t>(i), d);
   }
   return out;
 }
@@ -157,9 +157,9 @@ PyObject* base_get_slice(PyObject* self, PyObject* const* args, Py_ssize_t nargs
     return nullptr;
   }
   PyObject* name = nargs == 1 ? args[0] : nullptr;
-  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : tuple_size(kwnames);
   for (Py_ssize_t i = 0; i < nkw; ++i) {
-    PyObject* key = PyTuple_GET_ITEM(kwnames, i);
+    PyObject* key = tuple_get(kwnames, i);
     if (PyUnicode_Compare(key, g_name) != 0) {
       PyErr_Format(PyExc_TypeError, "safe_open.get_slice() got an unexpected keyword argument '%U'", key);
       return nullptr;
@@ -177,7 +177,7 @@ PyObject* base_get_slice(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   nb::object file, reader;
   if (!open_refs(self, &file, &reader)) return nullptr;
   if (!PyUnicode_Check(name)) {
-    PyErr_Format(PyExc_TypeError, "argument 'name': '%s' object is not an instance of 'str'", Py_TYPE(name)->tp_name);
+    PyErr_Format(PyExc_TypeError, "argument 'name': '%s' object is not an instance of 'str'", type_name(name).c_str());
     return nullptr;
   }
   Py_ssize_t size = 0;
