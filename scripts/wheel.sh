@@ -17,6 +17,9 @@
 #   date, so that date is not checked there; its signature is);
 #   3.10 and 3.12, which no Debian release ships, from this machine's pyenv builds, for x86_64 only (no aarch64
 #   headers of them are available here). A version whose headers are missing is skipped with a note.
+#   3.14t (free-threaded, the cp314-cp314t wheel, x86_64): from the free-threaded CPython scripts/python-ft.sh
+#   builds from Debian's python3.14 source (cached; stage 55 tests with it); no Debian release ships 3.13t or
+#   3.14t for either architecture, so there are no cp313t or aarch64 cp314t wheels.
 # - The module is built once per architecture, then re-linked per Python version: only the binding and
 #   nanobind depend on the version (one CMake build tree per architecture, reconfigured per version).
 # JOBS (default 2) sets the build's parallelism. SAFETENSORS_WHEEL_MATRIX=all (the default) builds every wheel of
@@ -36,16 +39,21 @@ GLIBC=2.17
 # source package; the checksum is the one its .dsc lists.
 SIMDJSON_VERSION=3.0.1
 SIMDJSON_SHA256=156b1bc5eb0561b2bd166b46d191fd3d95a3e709cc63761477d3b7aec2b6e9ed
-# ARCH PYTHON HEADERS: where each wheel's Python headers come from (a Debian release, or pyenv).
+# ARCH PYTHON HEADERS [abi3]: where each wheel's Python headers come from (a Debian release, pyenv, or the
+# free-threaded build); abi3: the module built against the stable ABI of 3.12 (cp312-abi3, for every later Python
+# too), from headers of that version or a newer one.
 TARGETS=(
   "x86_64 3.10 pyenv"
   "x86_64 3.11 bookworm"
   "x86_64 3.12 pyenv"
   "x86_64 3.13 trixie"
   "x86_64 3.14 forky"
+  "x86_64 3.14t ft"
   "aarch64 3.11 bookworm"
   "aarch64 3.13 trixie"
   "aarch64 3.14 forky"
+  "x86_64 3.12 pyenv abi3"
+  "aarch64 3.13 trixie abi3"
 )
 
 log() { printf '\033[1m[wheel]\033[0m %s\n' "$*"; }
@@ -98,7 +106,11 @@ headers() {  # ARCH VERSION SOURCE -> prints the include directory, or nothing w
   if [ ! -f "$dir/Python.h" ]; then
     rm -rf "$(dirname "$dir")"
     mkdir -p "$(dirname "$dir")"
-    if [ "$source" = pyenv ]; then
+    if [ "$source" = ft ]; then
+      local prefix
+      prefix=$("$(bash scripts/python-ft.sh | tail -n 1)/bin/python" -c 'import sys; print(sys.base_prefix)')
+      cp -r "$prefix/include/python$version" "$dir"
+    elif [ "$source" = pyenv ]; then
       local prefix
       prefix=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".* 2>/dev/null | sort -V | tail -n 1) || true
       [ -n "$prefix" ] && [ -f "$prefix/include/python$version/Python.h" ] || return 0
@@ -148,10 +160,10 @@ for arch in x86_64 aarch64; do
   BUILD="$B/build-$arch"
   configured=0
   for target in "${TARGETS[@]}"; do
-    read -r t_arch version source <<<"$target"
+    read -r t_arch version source kind <<<"$target"
     [ "$t_arch" = "$arch" ] || continue
-    if [ "$MATRIX" = ci ] && [ "$arch" = aarch64 ] && [ "$version" != 3.11 ]; then
-      log "$arch cp${version/./}: left out (SAFETENSORS_WHEEL_MATRIX=ci)"
+    if [ "$MATRIX" = ci ] && [ "$arch" = aarch64 ] && { [ "$version" != 3.11 ] || [ -n "$kind" ]; }; then
+      log "$arch cp${version/./} ${kind}: left out (SAFETENSORS_WHEEL_MATRIX=ci)"
       continue
     fi
     include=$(headers "$arch" "$version" "$source")
@@ -159,10 +171,16 @@ for arch in x86_64 aarch64; do
       log "SKIPPED $arch cp${version/./}: no Python $version headers ($source)"
       continue
     fi
-    tag="cp${version/./}"
-    log "$arch $tag: building (headers: $source)"
+    abi="cp${version/./}"  # cp314t for 3.14t: the ABI tag; the Python tag has no t
+    tag="${abi%t}-$abi"
+    module="_safetensors_cpp.cpython-${version/./}-$arch-linux-gnu.so"
+    stable=OFF
+    if [ "$kind" = abi3 ]; then
+      tag=cp312-abi3 module=_safetensors_cpp.abi3.so stable=ON
+    fi
+    log "$arch $tag: building (headers: $source $version)"
     # The library and simdjson do not depend on the Python version: only the binding and nanobind rebuild.
-    python_args=(-U 'Python_*' -U '_Python_*' -DPython_INCLUDE_DIR="$include"
+    python_args=(-U 'Python_*' -U '_Python_*' -DPython_INCLUDE_DIR="$include" -DSAFETENSORS_STABLE_ABI="$stable"
                  -DSKBUILD_SOABI="cpython-${version/./}-$arch-linux-gnu" -DSKBUILD_SOSABI=abi3)
     if ((configured)); then
       cmake "$BUILD" "${python_args[@]}" >"$BUILD.log"
@@ -178,13 +196,13 @@ for arch in x86_64 aarch64; do
       configured=1
     fi
     ninja -C "$BUILD" -j "$JOBS" _safetensors_cpp >>"$BUILD.log" || { tail -n 40 "$BUILD.log"; exit 1; }
-    module="$BUILD/python/_safetensors_cpp.cpython-${version/./}-$arch-linux-gnu.so"
+    module="$BUILD/python/$module"
 
     # A provisional linux_ARCH wheel, the policy auditwheel finds for it, then the wheel under that tag (plus the
     # legacy alias pip versions before 20.3 know).
     rm -rf "$B/provisional"
     provisional=$(python scripts/wheel_assemble.py "$SRC" "$B/metadata/$DIST_INFO" "$module" \
-      "$tag-$tag-linux_$arch" "$B/provisional")
+      "$tag-linux_$arch" "$B/provisional")
     policy=$(auditwheel show "$provisional" 2>/dev/null | tr -s ' \n' ' ' |
       sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p')
     case $policy in
@@ -192,7 +210,7 @@ for arch in x86_64 aarch64; do
       manylinux_*) platform=$policy ;;
       *) echo "auditwheel show found no manylinux policy for $provisional:"; auditwheel show "$provisional"; exit 1 ;;
     esac
-    wheel=$(python scripts/wheel_assemble.py "$SRC" "$B/metadata/$DIST_INFO" "$module" "$tag-$tag-$platform" "$OUT")
+    wheel=$(python scripts/wheel_assemble.py "$SRC" "$B/metadata/$DIST_INFO" "$module" "$tag-$platform" "$OUT")
     auditwheel show "$wheel" >>"$OUT/auditwheel-show.txt" 2>/dev/null
     echo >>"$OUT/auditwheel-show.txt"
     log "$(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"

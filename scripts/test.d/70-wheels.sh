@@ -99,14 +99,17 @@ NEEDS_EXEC='test_bounded_memory_and_time or test_million_tiny_entries_near_the_c
 LIBS_ALLOWED='linux-vdso|libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|ld-linux'
 
 summary=()
-# check_wheel SUITE ARCH PYTHON TAG [--pyenv PREFIX] [--torch]: one wheel in one root.
+# check_wheel SUITE ARCH PYTHON TAG [--pyenv PREFIX] [--torch] [--check PYTHON_CODE] [--wheels DIR]: one wheel in
+# one root, which pip chooses from DIR (default: every wheel built).
 check_wheel() {
-  local suite=$1 arch=$2 python=$3 tag=$4 pyenv="" torch=0
+  local suite=$1 arch=$2 python=$3 tag=$4 pyenv="" torch=0 check="" wheels=$DIST
   shift 4
   while (($#)); do
-    case $1 in --pyenv) pyenv=$2; shift 2 ;; --torch) torch=1; shift ;; esac
+    case $1 in
+      --pyenv) pyenv=$2; shift 2 ;; --torch) torch=1; shift ;; --check) check=$2; shift 2 ;; --wheels) wheels=$2; shift 2 ;;
+    esac
   done
-  local root="$ROOTS/$suite-$arch" t0=$SECONDS binds=(--bind "$DIST:/wheels" --bind "$ROOT/tests:/src/tests")
+  local root="$ROOTS/$suite-$arch" t0=$SECONDS binds=(--bind "$wheels:/wheels" --bind "$ROOT/tests:/src/tests")
   printf '\n\033[1m--- %s on %s %s (%s)\033[0m\n' "$tag" "$suite" "$arch" "$python"
   local py=("$python") pip_args=(--break-system-packages)
   if [ -n "$pyenv" ]; then
@@ -121,7 +124,8 @@ check_wheel() {
   run() { in_root "$root" "$arch" "${binds[@]}" -- "$@"; }
   rm -rf "$root/work"
   mkdir -p "$root/work"
-  run "${py[@]}" -m pip install -q "${pip_args[@]}" --no-index --find-links /wheels safetensors
+  # --force-reinstall: a root checks more than one wheel (forky: cp314, then abi3), and pip must take each.
+  run "${py[@]}" -m pip install -q "${pip_args[@]}" --force-reinstall --no-index --find-links /wheels safetensors
   cp constraints.txt "$root/work/constraints.txt"
   # pyenv's Pythons have no distribution numpy: PyPI's (pytest and hypothesis pinned here need Python 3.11).
   [ -n "$pyenv" ] && run "${py[@]}" -m pip install -q -c /work/constraints.txt numpy
@@ -131,6 +135,7 @@ check_wheel() {
       numpy ml_dtypes
   fi
   run "${py[@]}" /src/tests/wheel/check_wheel.py /work/out "$tag"
+  [ -z "$check" ] || run "${py[@]}" -c "$check"
 
   # The `safetensors` command pip installed: its script run by that Python (aarch64 cannot exec it here).
   local cli
@@ -172,9 +177,10 @@ check_wheel() {
 }
 
 pyenv_prefix() { ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$1".* 2>/dev/null | sort -V | tail -n 1; }
-wheel_tag() {  # ARCH(x86_64|aarch64) CPTAG -> the built wheel's tag, or nothing
-  local w
-  w=$(ls "$DIST"/safetensors-*-"$2-$2"-*_"$1".whl 2>/dev/null | head -n 1) || true
+wheel_tag() {  # ARCH(x86_64|aarch64) ABI(cp311, cp314t, abi3) -> the built wheel's tag, or nothing
+  local w pair="${2%t}-$2"
+  [ "$2" = abi3 ] && pair=cp312-abi3
+  w=$(ls "$DIST"/safetensors-*-"$pair"-*_"$1".whl 2>/dev/null | head -n 1) || true
   [ -n "$w" ] && basename "$w" .whl | cut -d- -f3-
 }
 
@@ -196,6 +202,24 @@ for version in 3.10 3.12; do
     check_wheel bookworm-pypi amd64 "python$version" "$tag" --pyenv "$prefix"
   fi
 done
+# The stable-ABI wheel (cp312-abi3), alone in a wheelhouse of its own so that pip cannot prefer a per-version
+# one, on the newest Python here (3.14, Debian testing): what a Python newer than the per-version wheels gets.
+for arch in x86_64 aarch64; do
+  if tag=$(wheel_tag "$arch" abi3); then
+    deb=$(case $arch in x86_64) echo amd64 ;; aarch64) echo arm64 ;; esac)
+    rm -rf "$T/abi3-$arch" && mkdir -p "$T/abi3-$arch"
+    cp "$DIST"/safetensors-*-"$tag".whl "$T/abi3-$arch/"
+    check_wheel forky "$deb" python3.14 "$tag" --wheels "$T/abi3-$arch" \
+      --check 'import safetensors._safetensors_cpp as m; assert m.__file__.endswith(".abi3.so"), m.__file__'
+  fi
+done
+# The free-threaded wheel, with the free-threaded CPython it was built for (scripts/python-ft.sh, read-only):
+# pip takes cp314t, and the GIL stays off after importing the package and its numpy module.
+if tag=$(wheel_tag x86_64 cp314t); then
+  prefix=$("$(bash scripts/python-ft.sh | tail -n 1)/bin/python" -c 'import sys; print(sys.base_prefix)')
+  check_wheel bookworm-pypi amd64 python3.14t "$tag" --pyenv "$prefix" \
+    --check 'import sys, safetensors.numpy; assert not sys._is_gil_enabled(), "the GIL came back on"'
+fi
 
 if [ "$MATRIX" = ci ]; then
   summary+=("(SAFETENSORS_WHEEL_MATRIX=ci: the other aarch64 wheels and the sdist build left out; =all runs them)")
