@@ -154,14 +154,18 @@ rm -rf "$CURL_INCLUDE"
 mkdir -p "$CURL_INCLUDE"
 cp -r "$(dirname "$(dpkg -L libcurl4-openssl-dev | grep '/curl/curl.h$' | head -n 1)")" "$CURL_INCLUDE/"
 MATRIX=${SAFETENSORS_WHEEL_MATRIX:-$([ "${CI:-}" = true ] && echo ci || echo all)}
-for arch in x86_64 aarch64; do
+# The free-threaded wheel comes last: its headers come from scripts/python-ft.sh, which CI prepares in the
+# background (scripts/test.sh) and which holds its lock until done. Build trees are kept across the passes.
+declare -A configured=()
+for pass in "x86_64 base" "aarch64 base" "x86_64 ft"; do
+  read -r arch which <<<"$pass"
   zig_tools "$arch"
   Z="$B/zig/$arch"
   BUILD="$B/build-$arch"
-  configured=0
   for target in "${TARGETS[@]}"; do
     read -r t_arch version source kind <<<"$target"
     [ "$t_arch" = "$arch" ] || continue
+    [ "$which" = "$([ "$source" = ft ] && echo ft || echo base)" ] || continue
     if [ "$MATRIX" = ci ] && [ "$arch" = aarch64 ] && { [ "$version" != 3.11 ] || [ -n "$kind" ]; }; then
       log "$arch cp${version/./} ${kind}: left out (SAFETENSORS_WHEEL_MATRIX=ci)"
       continue
@@ -182,7 +186,7 @@ for arch in x86_64 aarch64; do
     # The library and simdjson do not depend on the Python version: only the binding and nanobind rebuild.
     python_args=(-U 'Python_*' -U '_Python_*' -DPython_INCLUDE_DIR="$include" -DSAFETENSORS_STABLE_ABI="$stable"
                  -DSKBUILD_SOABI="cpython-${version/./}-$arch-linux-gnu" -DSKBUILD_SOSABI=abi3)
-    if ((configured)); then
+    if [ -n "${configured[$arch]:-}" ]; then
       cmake "$BUILD" "${python_args[@]}" >"$BUILD.log"
     else
       rm -rf "$BUILD"
@@ -193,7 +197,7 @@ for arch in x86_64 aarch64; do
         -DSAFETENSORS_BUILD_PYTHON=ON -DSAFETENSORS_PYTHON_HEADERS_ONLY=ON -Dnanobind_DIR="$NANOBIND_DIR" \
         -DSAFETENSORS_BUILD_TESTS=OFF -DSAFETENSORS_BUILD_BENCHMARKS=OFF -DSAFETENSORS_BUILD_EXAMPLES=OFF \
         -DSAFETENSORS_INSTALL=OFF "${python_args[@]}" >"$BUILD.log"
-      configured=1
+      configured[$arch]=1
     fi
     ninja -C "$BUILD" -j "$JOBS" _safetensors_cpp >>"$BUILD.log" || { tail -n 40 "$BUILD.log"; exit 1; }
     module="$BUILD/python/$module"
