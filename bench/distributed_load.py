@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from suite.pagecache import evict  # bench/ is this script's directory, so first on sys.path
+
 MiB = 1 << 20
 
 
@@ -35,15 +37,6 @@ def _read_bytes() -> int:
             if line.startswith("read_bytes:"):
                 return int(line.split()[1])
     return -1
-
-
-def _drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -67,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
     rows = []
     for rep in range(args.reps):
         for mode in ("distributed", "alone"):
-            _drop(path)
+            evict(path)  # from the page cache: each rep reads from the disk
             dist.barrier()
             before = _read_bytes()
             stats = sdist.LoadStats()
