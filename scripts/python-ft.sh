@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A free-threaded CPython 3.14 (`--disable-gil`, "3.14t") and a venv of it with free-threaded wheels, for the
 # free-threaded test stage (scripts/test.d/55-free-threaded.sh). Prints the venv's directory as its last line
-# of standard output; progress goes to standard error.
+# of standard output (with --prefix, the interpreter's installation prefix: its headers, for the wheel scripts);
+# progress goes to standard error.
 #
 # The interpreter is built from the upstream tarball of Debian's python3.14 source package (Debian 12 has none;
 # testing has). The package is pinned by version and the tarball by its SHA-256 (as the .dsc lists it) and both
@@ -113,4 +114,4 @@ if [ "$(cat "$VENV/.complete" 2>/dev/null)" != "$want" ]; then
   log "venv ready in $((SECONDS - t0)) s"
 fi
 "$VENV/bin/python" -c 'import sys; assert not sys._is_gil_enabled(), "the venv python has the GIL"'
-echo "$VENV"
+if [ "${1:-}" = --prefix ]; then echo "$prefix"; else echo "$VENV"; fi

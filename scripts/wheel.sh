@@ -108,7 +108,7 @@ headers() {  # ARCH VERSION SOURCE -> prints the include directory, or nothing w
     mkdir -p "$(dirname "$dir")"
     if [ "$source" = ft ]; then
       local prefix
-      prefix=$("$(bash scripts/python-ft.sh | tail -n 1)/bin/python" -c 'import sys; print(sys.base_prefix)')
+      prefix=$(bash scripts/python-ft.sh --prefix | tail -n 1)
       cp -r "$prefix/include/python$version" "$dir"
     elif [ "$source" = pyenv ]; then
       local prefix

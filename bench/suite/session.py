@@ -50,17 +50,13 @@ def run_cases(run: Runner) -> None:
     if any(run.want(c) for c in "234567"):
         for size in cfg["sizes"]:
             model_file(run, size)
-        cold = cfg["cold_size"]
-        if run.want("4") and cold not in cfg["sizes"]:
-            saved = cfg["cases"]
-            cfg["cases"] = ["4"]
-            model_file(run, cold)
-            cfg["cases"] = saved
-        if run.want("6") and cfg["slice_size"] not in cfg["sizes"]:
-            saved = cfg["cases"]
-            cfg["cases"] = ["6"]
-            model_file(run, cfg["slice_size"])
-            cfg["cases"] = saved
+        # A case with a size of its own (cold loads, slicing) gets one more model file, measured for it alone.
+        for case, key in (("4", "cold_size"), ("6", "slice_size")):
+            if run.want(case) and cfg[key] not in cfg["sizes"]:
+                saved = cfg["cases"]
+                cfg["cases"] = [case]
+                model_file(run, cfg[key])
+                cfg["cases"] = saved
     if run.want("8"):
         if cfg["fresh_count"]:
             fresh(run, None)

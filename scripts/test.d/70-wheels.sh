@@ -216,7 +216,7 @@ done
 # The free-threaded wheel, with the free-threaded CPython it was built for (scripts/python-ft.sh, read-only):
 # pip takes cp314t, and the GIL stays off after importing the package and its numpy module.
 if tag=$(wheel_tag x86_64 cp314t); then
-  prefix=$("$(bash scripts/python-ft.sh | tail -n 1)/bin/python" -c 'import sys; print(sys.base_prefix)')
+  prefix=$(bash scripts/python-ft.sh --prefix | tail -n 1)
   check_wheel bookworm-pypi amd64 python3.14t "$tag" --pyenv "$prefix" \
     --check 'import sys, safetensors.numpy; assert not sys._is_gil_enabled(), "the GIL came back on"'
 fi
