@@ -1,11 +1,22 @@
-"""CPU prefetch benchmark: safe_open.prefetch to the CPU (the C++ engine's direct mode) against our
-``load_file(backend="pread")``, the reference's ``load_file`` + clone, and the machine's warm pread ceiling
-(one thread's preadv of the whole file into fresh memory), in fresh processes, warm page cache.
+"""CPU prefetch through the engine: `safe_open(path).prefetch()` to the CPU (the C++ engine's readers writing
+each tensor in place) against this package's `load_file(backend="pread")`, the reference's `load_file` with a
+clone of every tensor, and one thread's pread of the whole file into fresh memory, all with the file in the
+page cache.
 
-For prefetch it reports the time to the first tensor and to the last (iterating the loader in landing order).
-Each measurement is its own interpreter (what a user's program sees); implementations take turns; medians.
+    .venv/bin/python bench/prefetch_cpu.py --size 2G --reps 5 [--markdown OUT.md]
+    .venv/bin/python bench/prefetch_cpu.py --size 64M --reps 1
+    .venv/bin/python bench/run.py --cases none --sections prefetch-cpu  # runs it into BENCHMARKS.md
 
-    .venv/bin/python bench/prefetch_cpu.py --size 2G --reps 5
+The checkpoint is Llama-shaped: bf16 tensors of seven shapes per layer (attention, MLP, norm), a few large and many
+small, with random values. Every measurement is a new interpreter (what a user's program sees), torch and the
+package imported before the clock starts; the rows take turns (round 1 of each, then round 2, ...); each row shows
+min / median / max wall time. The prefetch row iterates the loader in the order the tensors land and takes every
+tensor; its clock also records when the first tensor was handed out. The one-thread pread row reads the whole file
+with `os.preadv` into an anonymous mapping that was not touched before (the kernel's copy and the page faults of
+fresh memory, one thread): the engine reads with several threads, so this is what one reader can do, not a bound on
+the others. "vs one-thread pread" divides its median by the row's. The engine's own micro-benchmark
+(bench/engine_bench.cc) times its reads in C++ into memory faulted in beforehand: without Python and without the
+cost of fresh memory.
 """
 
 from __future__ import annotations
@@ -18,13 +29,22 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from suite import section  # noqa: E402
+from suite.common import fmt_time, parse_size  # noqa: E402  (as the main report writes them)
+
+TITLE = "CPU prefetch through the engine"
 
 CHILD = r"""
 import json, os, sys, time
 mode, path = sys.argv[1], sys.argv[2]
 import torch
+import safetensors
 import safetensors.torch
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -54,18 +74,27 @@ elif mode == "ceiling":
     while done < size:
         done += os.preadv(fd, [memoryview(buf)[done:]], done)
     out = {"seconds": time.perf_counter() - t0}
+out["version"] = safetensors.__version__
+out["module"] = safetensors.__file__
 print(json.dumps(out))
 """
 
+MODES = ["ceiling", "prefetch", "pread", "reference"]
 
-def parse_size(text: str) -> int:
-    units = {"M": 2**20, "G": 2**30}
-    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
+
+def size_text(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def label(mode: str, reference: str) -> str:
+    return {"ceiling": "one-thread pread into fresh memory",
+            "prefetch": "this package: `safe_open.prefetch()` to the CPU, every tensor iterated",
+            "pread": 'this package: `load_file(backend="pread")`',
+            "reference": f"reference {reference}: `load_file` + clone"}[mode]
 
 
 def make_checkpoint(path: Path, nbytes: int) -> None:
     """Llama-shaped bf16 tensors (a few large, many small) filling about ``nbytes``."""
-    sys.path.insert(0, str(ROOT / "python"))
     import torch
 
     from safetensors.torch import save_file
@@ -84,7 +113,7 @@ def make_checkpoint(path: Path, nbytes: int) -> None:
     save_file(state, path)
 
 
-def run(mode: str, path: Path) -> dict:
+def run(mode: str, path: Path) -> Dict[str, Any]:
     env = dict(os.environ)
     if mode == "reference":
         env["PYTHONPATH"] = str(ROOT / ".ref")
@@ -92,33 +121,78 @@ def run(mode: str, path: Path) -> dict:
                           timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if mode == "reference" and str(ROOT / ".ref") not in out["module"]:
+        raise RuntimeError(f"the reference row imported {out['module']}")
+    return out
+
+
+def report(samples: Dict[str, List[Dict[str, Any]]], size: int, meta: Dict[str, str], conditions: str) -> str:
+    modes = [m for m in MODES if samples.get(m)]
+    reference = samples["reference"][0]["version"] if samples.get("reference") else ""
+    med = {m: statistics.median(s["seconds"] for s in samples[m]) for m in modes}
+    lines = section.heading(TITLE, meta, conditions) + section.doc_paragraphs(__doc__, 0, 1) \
+        + section.doc_paragraphs(__doc__, 2)
+    lines += [f"| {size_text(size)} | min | median | max | GB/s (median) | vs one-thread pread |",
+              "|---|---|---|---|---|---|"]
+    for m in modes:
+        t = [s["seconds"] for s in samples[m]]
+        vs = f"{med['ceiling'] / med[m]:.0%}" if "ceiling" in med else ""
+        lines.append(f"| {label(m, reference)} | {fmt_time(min(t))} | {fmt_time(med[m])} | {fmt_time(max(t))} | "
+                     f"{size / med[m] / 1e9:.2f} | {vs} |")
+    lines.append("")
+    if "prefetch" in med:
+        first = [s["first"] for s in samples["prefetch"]]
+        last = [s["seconds"] for s in samples["prefetch"]]
+        lines.append(f"- Prefetch hands out its first tensor after {fmt_time(statistics.median(first))} "
+                     f"({fmt_time(min(first))} to {fmt_time(max(first))}) and its last after "
+                     f"{fmt_time(med['prefetch'])} ({fmt_time(min(last))} to {fmt_time(max(last))}), "
+                     f"{samples['prefetch'][0]['tensors']} tensors in all: the first arrives after "
+                     f"{statistics.median(first) / med['prefetch']:.0%} of the load.")
+        names = {"pread": 'this package\'s `load_file(backend="pread")`',
+                 "reference": f"the reference's `load_file` + clone ({reference})"}
+        for other in ("pread", "reference"):
+            if other in med:
+                ratio = med[other] / med["prefetch"]
+                lines.append(f"- Against {names[other]}: prefetch is {ratio:.2f}x "
+                             f"{'as fast' if ratio < 1 else 'faster'} ({fmt_time(med['prefetch'])} against "
+                             f"{fmt_time(med[other])}, medians).")
+    if "reference" not in med:
+        lines.append("- No reference row: the reference is not installed in .ref (scripts/setup.sh installs it).")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="2G")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="2G", help="checkpoint size (default 2G)")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--markdown", type=Path, help="write the report section here (default: print it)")
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "python"))
+    import torch
+
+    (ROOT / "build").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT / "build") as tmp:
         path = Path(tmp) / "model.safetensors"
         make_checkpoint(path, parse_size(args.size))
         size = path.stat().st_size
-        modes = ["ceiling", "prefetch", "pread"] + (["reference"] if (ROOT / ".ref").exists() else [])
+        modes = [m for m in MODES if m != "reference" or (ROOT / ".ref").exists()]
         run("ceiling", path)  # warm the page cache
-        samples = {m: [] for m in modes}
-        for _ in range(args.reps):
+        meta = section.start()
+        samples: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
+        for rep in range(args.reps):
             for m in modes:
                 samples[m].append(run(m, path))
-    med = {m: statistics.median(s["seconds"] for s in samples[m]) for m in modes}
-    first = statistics.median(s["first"] for s in samples["prefetch"])
-    print(f"CPU prefetch, {size / 2**30:.2f} GiB, {samples['prefetch'][0]['tensors']} tensors, warm, "
-          f"median of {args.reps} fresh processes, load average {os.getloadavg()[0]:.1f}")
-    print("| implementation | seconds | GB/s | vs warm pread ceiling |")
-    print("|---|---|---|---|")
-    for m in modes:
-        print(f"| {m} | {med[m]:.3f} | {size / med[m] / 1e9:.2f} | {med['ceiling'] / med[m]:.0%} |")
-    print(f"prefetch: first tensor after {first * 1e3:.1f} ms, last after {med['prefetch'] * 1e3:.0f} ms")
+                print(f"[prefetch-cpu] round {rep + 1}/{args.reps} {m}: {samples[m][-1]['seconds']:.3f} s",
+                      file=sys.stderr)
+    tensors: Optional[int] = samples["prefetch"][0]["tensors"] if samples.get("prefetch") else None
+    conditions = (f"torch {torch.__version__}; {size_text(size)} in {tensors} bf16 tensors; page cache warm; "
+                  f"{args.reps} round{'s' if args.reps != 1 else ''}")
+    text = report(samples, size, meta, conditions)
+    if args.markdown:
+        args.markdown.write_text(text)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Remote loads: a checkpoint in an S3-compatible store (SeaweedFS on 127.0.0.1), loaded in a fresh process.
 
-    .venv/bin/python bench/remote_load.py [--size 2G] [--rounds 5] [--markdown build/bench-results/remote.md]
+    .venv/bin/python bench/remote_load.py [--size 2G] [--rounds 5] [--markdown FILE]
 
 Implementations, each load in a new interpreter (imports done before the clock starts), taking turns round by
 round:
@@ -14,6 +14,7 @@ round:
             object into pre-faulted memory, from the same server
   fresh     the same requests into fresh memory (faulted in as the bodies land, as a load's new tensors are):
             what the network path costs once fresh memory is paid for
+
 All of them read the same object from the same server with the same credentials (the AWS environment
 variables). Reported per implementation: wall time (min / median / max), bytes fetched where the client counts
 them (ours: File.source_stats()), and peak RSS above the tensors (VmHWM after the load minus RSS before it minus
@@ -34,12 +35,17 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
+from suite import section  # bench/ is this script's directory, so first on sys.path
+from suite.common import size_name
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS_DIR = ROOT / "build" / "bench-peers"
 MiB = 1 << 20
 GiB = 1 << 30
 IMPLS = ["ours", "runai", "boto3", "ceiling", "fresh"]
+# The peers' modules, installed by scripts/bench.sh into PEERS_DIR.
+PEER_MODULES = {"runai": "runai_model_streamer", "boto3": "boto3"}
 CONNECTIONS = 16
 PART = 16 * MiB
 
@@ -159,11 +165,12 @@ def summary(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
 def markdown(results: Dict[str, Any]) -> str:
     size, needed = results["file_size"], results["data_bytes"]
     rows = results["summary"]
-    lines = [
-        f"Remote load of a {size / GiB:.2f} GiB checkpoint ({results['tensors']} bf16 tensors) from SeaweedFS "
-        f"{results['seaweedfs']} on 127.0.0.1 (SigV4), each load in a new process, {results['rounds']} rounds, "
-        f"implementations taking turns; load average before/after: {results['load_before']} / "
-        f"{results['load_after']}.",
+    lines = section.heading(f"Remote loads: a {size_name(results.get('size', size))} checkpoint from S3 on loopback", results["meta"],
+                            f"SeaweedFS {results['seaweedfs']} on 127.0.0.1, SigV4")
+    lines += section.doc_paragraphs(__doc__, 0, 1) + section.doc_paragraphs(__doc__, 3)
+    lines += [
+        f"{results['tensors']} bf16 tensors, each load in a new process, {results['rounds']} round(s), "
+        "implementations taking turns.",
         "",
         "| implementation | min | median | max | GB/s (median) | bytes fetched | peak RSS above the tensors |",
         "|---|---|---|---|---|---|---|",
@@ -182,6 +189,9 @@ def markdown(results: Dict[str, Any]) -> str:
                      f"{size / r['median'] / 1e9:.2f} | {fetched} | {above} |")
     ours, runai, ceiling = rows.get("ours"), rows.get("runai"), rows.get("ceiling")
     lines.append("")
+    for impl in results.get("missing", []):
+        lines.append(f"- Not measured: {names[impl]} ({PEER_MODULES[impl]} is not installed in "
+                     f"{os.path.relpath(PEERS_DIR, ROOT)}: scripts/bench.sh installs requirements-bench.txt there).")
     if ours and runai:
         ratio = runai["median"] / ours["median"]
         lines.append(f"- Against Run:ai (target >= 1.2x): {ratio:.2f}x, {'met' if ratio >= 1.2 else 'not met'}.")
@@ -212,7 +222,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--json", default=str(ROOT / "build" / "bench-results" / "remote.json"))
-    parser.add_argument("--markdown", default=str(ROOT / "build" / "bench-results" / "remote.md"))
+    parser.add_argument("--markdown", default=str(ROOT / "build" / "bench-results" / "remote.md"),
+                        help="the section for BENCHMARKS.md (bench/run.py --sections remote puts it there)")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.url, args.scratch)))
@@ -243,8 +254,12 @@ def main() -> int:
                    RUNAI_STREAMER_LOG_LEVEL="WARNING")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PEERS_DIR), env.get("PYTHONPATH", "")) if p)
         ceiling = build_ceiling(Path(scratch))
+        # A peer that is not installed is left out (and named in the report), not a failed run.
+        missing = [i for i in impls if i in PEER_MODULES and subprocess.run(
+            [sys.executable, "-c", f"import {PEER_MODULES[i]}"], env=env, capture_output=True).returncode]
+        impls = [i for i in impls if i not in missing]
         samples: Dict[str, List[Dict[str, Any]]] = {i: [] for i in impls}
-        load_before = os.getloadavg()[0]
+        meta = section.start()
         for r in range(args.rounds):
             order = impls[r % len(impls):] + impls[:r % len(impls)]
             for impl in order:
@@ -252,9 +267,9 @@ def main() -> int:
                 samples[impl].append(sample)
                 print(f"round {r + 1} {impl}: {sample['seconds']:.3f} s", flush=True)
         results = {
-            "file_size": file_size, "data_bytes": data_bytes, "tensors": args.tensors, "rounds": args.rounds,
-            "seaweedfs": "4.48", "load_before": f"{load_before:.2f}", "load_after": f"{os.getloadavg()[0]:.2f}",
-            "samples": samples, "summary": {i: summary(s) for i, s in samples.items() if s},
+            "size": size, "file_size": file_size, "data_bytes": data_bytes, "tensors": args.tensors, "rounds": args.rounds,
+            "seaweedfs": "4.48", "meta": meta,
+            "samples": samples, "summary": {i: summary(s) for i, s in samples.items() if s}, "missing": missing,
         }
     Path(args.json).write_text(json.dumps(results, indent=1))
     text = markdown(results)

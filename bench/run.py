@@ -18,6 +18,18 @@ Cases (numbers for --cases):
      build/bench-peers from requirements-bench.txt), the reference and torch.load
 The ceilings (memcpy, first touch, warm / fresh / cold pread, cold O_DIRECT reads at several queue depths) are
 measured for the sizes the cases use.
+
+Sections (names for --sections; each a script of bench/ that measures against its own peers and ceilings):
+  remote        loads from an S3 server on loopback (SeaweedFS) against Run:ai, boto3 and raw range requests
+  prefetch-cpu  safe_open.prefetch to the CPU against load_file and a one-thread pread ceiling
+  npu-overlap   loads onto the simulated NPU: copy accounting and how reads overlap the device's copies
+  distributed   safetensors.distributed.load_file over gloo, world 1/2/4, against every rank loading alone
+  sharded       DTensor checkpoints (FSDP, tensor parallel) loaded and saved, against DCP and rank-0 gathering
+  strided       slices of an inner dimension: strided runs against reading the covering rows
+  fresh-memory  warm owned loads into fresh memory, with page faults and CPU time, against Run:ai and the C fills
+  threads       loads from 8 threads on free-threaded Python 3.14t, GIL off and on, against the reference
+A full run measures every case and every section; --cases alone measures no section unless --sections names
+some, and `--cases none --sections NAME` reruns one section, leaving the rest of the report as it is.
 """
 
 # This file reads the options and hands over; the code is in bench/suite/ (its __init__.py maps the modules).
@@ -30,13 +42,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite.common import CASES, HERE, IDLE_SECONDS, ROOT, config, parse_size  # noqa: E402
+from suite import sections  # noqa: E402
 from suite.session import measure, render  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, 3 repetitions: a smoke test (under 2 minutes)")
-    ap.add_argument("--cases", default="1,2,3,4,5,6,7,8", help="comma-separated case numbers (default: all)")
+    ap.add_argument("--cases", help="comma-separated case numbers, or none (default: all)")
+    ap.add_argument("--sections", help="comma-separated section names, all or none (default: all, or none when "
+                                       "--cases is given)")
     ap.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
                     help="model file sizes, e.g. 512M,2G (default: 512M,2G; --quick: 16M,64M)")
     ap.add_argument("--fresh-sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
@@ -59,7 +74,12 @@ def main() -> int:
     ap.add_argument("--render", type=Path, metavar="JSON", help="measure nothing: write the report and the plot "
                                                                   "again from the samples of an earlier run")
     args = ap.parse_args()
-    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    try:
+        chosen = sections.select(args.sections or ("none" if args.cases is not None else "all"))
+    except ValueError as e:
+        ap.error(str(e))
+    spec = "1,2,3,4,5,6,7,8" if args.cases is None else args.cases
+    args.cases = [] if spec == "none" else [c.strip() for c in spec.split(",") if c.strip()]
     bad = [c for c in args.cases if c not in CASES]
     if bad:
         ap.error(f"unknown case(s) {bad}; cases are {', '.join(f'{k}: {v}' for k, v in CASES.items())}")
@@ -76,7 +96,16 @@ def main() -> int:
     out_json = (outdir / "results.json") if args.quick else HERE / "results.json"
     if args.out and not args.quick:  # a report elsewhere keeps its plot and samples beside it
         plot, out_json = out_md.parent / "results.png", out_md.parent / "results.json"
-    return measure(args, cfg, outdir, out_md, plot, out_json)
+    if args.cases:
+        rc = measure(args, cfg, outdir, out_md, plot, out_json)
+        if rc:
+            return rc
+    elif not chosen:
+        ap.error("--cases none and no --sections: nothing to measure")
+    done = sections.run(chosen, args.quick, out_md, outdir / "sections")
+    if done:
+        print("bench: sections: " + "; ".join(done))
+    return 1 if any("FAILED" in d for d in done) else 0
 
 
 if __name__ == "__main__":

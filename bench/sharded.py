@@ -26,6 +26,7 @@ import time
 from typing import Dict, List, Optional
 
 import sharded_rank as sr
+from suite import section  # bench/ is this script's directory, so first on sys.path
 
 MiB = sr.MiB
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,9 +296,9 @@ def markdown(args: argparse.Namespace, info: dict, probes: dict, samples: List[d
     how = HOW_MEASURED.format(size=info["bytes"] / MiB, nfiles=len(info["files"]), shard=info["max_shard"] / MiB,
                               fs=fs, reps=args.reps, layouts="; ".join(f"{k}: {v}" for k, v in sr.LAYOUTS.items()
                                                                        if k in args.layouts), **info)
-    lines = ["## Sharded (DTensor) checkpoints: load and save", "",
-             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end, torch {torch.__version__}, "
-             f"Python {platform.python_version()}, reference safetensors from {args.ref}.", "", how]
+    lines = section.heading("Sharded (DTensor) checkpoints: load and save", args.meta,
+                            f"torch {torch.__version__}, Python {platform.python_version()}, reference safetensors "
+                            f"from {os.path.relpath(args.ref, ROOT)}") + [how]
     for group in sorted({(s["mode"], s["layout"], s["world"], s["cache"]) for s in samples},
                         key=lambda g: (args.modes.index(g[0]), args.layouts.index(g[1]), g[2], g[3])):
         mode, layout, world, cache = group
@@ -331,6 +332,7 @@ def main() -> None:
     args.caches = ["cold", "warm"] if args.cold == args.warm else ["cold"] if args.cold else ["warm"]
     worlds = [int(w) for w in args.worlds.split(",")]
     os.makedirs(args.tmp, exist_ok=True)
+    args.meta = section.start()
     with tempfile.TemporaryDirectory(prefix="st-sharded-", dir=args.tmp) as tmp:
         args.tmp, args.ckpt = tmp, os.path.join(tmp, "ckpt")
         os.makedirs(args.ckpt)

@@ -10,8 +10,8 @@ cache) and cold (dropped before each read); the median of ``--reps``.
 
     .venv/bin/python bench/strided_crossover.py [--mib 256] [--reps 5] [--world 2] [--markdown FILE]
 
-With ``--markdown`` the table and this description are written to FILE (bench/report_section.py puts it into
-BENCHMARKS.md).
+With ``--markdown`` the section (this description and the table) is written to FILE; bench/run.py
+``--sections strided`` puts it into BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from worker import evict  # noqa: E402  (bench/worker.py: the page-cache helpers every benchmark uses)
+from suite import section  # noqa: E402
 
 
 def measure(path: str, run: int, row: int, rows: int, reps: int, cache: str) -> Tuple[float, float]:
@@ -69,9 +70,8 @@ def main() -> None:
     ap.add_argument("--markdown", help="write the section (description and table) to this file")
     args = ap.parse_args()
     total = args.mib << 20
-    lines = [f"### Strided runs against covering rows ({args.mib} MiB tensor, world {args.world}, median of "
-             f"{args.reps})", "", __doc__.split("\n\n    .venv")[0].strip(), "",
-             "| run bytes | gap bytes | cache | strided (ms) | covering rows (ms) | strided / covering |",
+    meta = section.start()
+    lines = ["| run bytes | gap bytes | cache | strided (ms) | covering rows (ms) | strided / covering |",
              "|---:|---:|---|---:|---:|---:|"]
     print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as tmp:
@@ -86,8 +86,10 @@ def main() -> None:
                 print(lines[-1], flush=True)
             os.unlink(path)
     if args.markdown:
+        head = section.heading("Strided runs against covering rows", meta,
+                               f"a {args.mib} MiB tensor, world {args.world}, median of {args.reps}")
         with open(args.markdown, "w") as out:
-            out.write("\n".join(lines) + "\n")
+            out.write("\n".join(head + section.doc_paragraphs(__doc__, 0, 2) + lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ the targets, draws the plot and writes the Markdown, from a run or from its save
 
 The prose of the report is in bench/suite/text/*.md, one file per block, word for word, with `{name}` where
 a figure goes in (str.format; a literal brace is written `{{`). A file's final newline is not part of its
-text. The sections below KEPT_MARKER in the file being replaced are kept as they are (kept_sections).
+text. The sections that scripts of their own write (suite/sections.py) are kept from the file being replaced.
 """
 
 from __future__ import annotations
@@ -13,15 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from suite import sections
 from suite.common import ROOT, MiB, Results, count_name, fmt_time, gbps, median
 from suite.plot import write_plot
 from suite.targets import observations, targets
 
 TEXT = Path(__file__).resolve().parent / "text"
-
-# What the report keeps of the file it replaces: the sections after this line, written by the benchmarks that
-# have scripts of their own (bench/prefetch_cpu.py, npu_sim_overlap.py, distributed_load.py) with their commands.
-KEPT_MARKER = "<!-- kept by bench/run.py: the sections below come from their own scripts, each named with its command -->"
 
 Row = Dict[str, Any]
 Column = Tuple[str, Callable[[Row], str]]
@@ -41,15 +38,6 @@ def mark(t: Dict[str, Any]) -> str:
     if t["met"] is None:
         return "not measured"
     return "**met**" if t["met"] else "**not met**"
-
-
-def kept_sections(path: Path) -> List[str]:
-    """The lines of `path` from KEPT_MARKER on (with an empty line before), or none."""
-    try:
-        old = path.read_text().split("\n")
-    except OSError:
-        return []
-    return ["", *old[old.index(KEPT_MARKER):]] if KEPT_MARKER in old else []
 
 
 def col_gbps(r: Row) -> str:
@@ -100,7 +88,7 @@ def table(res: Results, by_key: Dict[str, List[Dict[str, Any]]], case: str, titl
 def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: Dict[str, str],
                    res: Results, tgts: List[Dict[str, Any]], meta: Dict[str, Any]) -> None:
     """Writes the report to `path`: header, machine, targets, notes, plot, methodology, one table per case in
-    number order, then the sections kept from the file it replaces."""
+    number order, then the sections of their own scripts kept from the file it replaces."""
     by_key: Dict[str, List[Dict[str, Any]]] = {}
     for t in tgts:
         by_key.setdefault(t["key"], []).append(t)
@@ -150,7 +138,7 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
     L += table(res, by_key, "8", "8. What a user sees: one load per new interpreter, against the peers",
                [("GB/s", col_gbps), ("RSS after, MiB", col_mib("rss_delta")), ("page faults", col_faults),
                 ("cached", col_cached)], text("case8"))
-    L += kept_sections(path)
+    L += sections.tail(sections.blocks(path.read_text() if path.exists() else ""))
     path.write_text("\n".join(L))
 
 
