@@ -2,15 +2,20 @@
 # Benchmarks: this package against the reference safetensors 0.8.0, torch.save/torch.load and
 # numpy, next to the machine's own ceilings (memcpy, first touch, warm/cold pread) measured in the same run.
 # Sets everything up (scripts/setup.sh), then runs bench/run.py, which writes BENCHMARKS.md, the plot
-# bench/results.png and every sample in bench/results.json.
+# bench/results.png and every sample in bench/results.json; after the numbered cases, the sections that
+# bench/'s other scripts measure (bench/suite/sections.py: remote loads, prefetch, the simulated NPU,
+# distributed and sharded checkpoints, strided slices, fresh memory, threads on 3.14t).
 #
-#   bash scripts/bench.sh                  the full run (512 MiB and 2 GiB files, case 8 also 6 GiB; 50-90 minutes on 2 CPUs,
-#                                          about 13 GiB of free disk in build/bench-results/tmp)
-#   bash scripts/bench.sh --quick          small sizes, 3 repetitions (a smoke test, under 2 minutes after
-#                                          setup); writes build/bench-results/quick/ instead of BENCHMARKS.md
-#   bash scripts/bench.sh --cases 3,4      only some cases (1 open, 2 lazy load, 3 warm load, 4 cold load,
-#                                          5 save, 6 slicing, 7 get_tensor, 8 fresh-process loads vs the
-#                                          peers of requirements-bench.txt, installed in build/bench-peers)
+#   bash scripts/bench.sh                  the full run (512 MiB and 2 GiB files, case 8 also 6 GiB, then every
+#                                          section; about 2 hours on 2 CPUs, 13 GiB of free disk in
+#                                          build/bench-results/tmp)
+#   bash scripts/bench.sh --quick          small sizes, 3 repetitions, small sections (a smoke test, about 10
+#                                          minutes after setup); writes build/bench-results/quick/ instead of
+#                                          BENCHMARKS.md
+#   bash scripts/bench.sh --cases 3,4      only some cases and no section (1 open, 2 lazy load, 3 warm load,
+#                                          4 cold load, 5 save, 6 slicing, 7 get_tensor, 8 fresh-process loads
+#                                          vs the peers of requirements-bench.txt, installed in build/bench-peers)
+#   bash scripts/bench.sh --cases none --sections remote   one section again; the rest of the report stays
 #   bash scripts/bench.sh --no-setup ...   skip scripts/setup.sh (an environment that is already set up)
 #   bash scripts/bench.sh --help           every option (sizes, repetitions, temp dir, output)
 #

@@ -15,6 +15,9 @@ Start at session.py, which measures a run or renders one again. Modules import d
     plot.py        bench/results.png
     report.py      BENCHMARKS.md, with its prose in text/*.md
     session.py     one run: servers, cases, samples, report; or a render from saved samples
+    sections.py    the sections that bench/'s other scripts measure: which, with what arguments, where in
+                   the report (run after the cases; report.py keeps the ones a run leaves out)
+    section.py     what each of those scripts opens its section with (heading, command, date, commit, load)
 
 The measured side, imported by bench/worker.py in the measuring processes (torch-free at import):
 
