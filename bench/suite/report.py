@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from suite import sections
 from suite.common import ROOT, MiB, Results, count_name, fmt_time, gbps, median
+from suite.expect import expect
 from suite.plot import write_plot
 from suite.targets import observations, targets
 
@@ -100,6 +101,7 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
         L += text("quick") + [""]
     if meta["busy"]:
         L += text("busy", load_start=meta["load_start"], load_end=meta["load_end"], cpus=os.cpu_count()) + [""]
+    L += expect(cfg, res)
     L += ["## Machine", "", "| | |", "|---|---|"]
     L += [f"| {k} | {v} |" for k, v in info.items()]
     L += [f"| {k} | {v} |" for k, v in meta["versions"].items()]
