@@ -2,7 +2,7 @@
 
 A tensor sharded on its last dimension over ``world`` ranks is, on each rank, one run of ``row / world`` bytes
 per row with a gap of ``row - row / world`` bytes between runs. The library's slice reader (``File.read_slice``)
-reads runs whose gap is under its coalesce gap (``kCoalesceGap`` in src/file.cc, the remote source's merge gap
+reads runs whose gap is under its coalesce gap (``kCoalesceGap`` in src/file/file.cc, the remote source's merge gap
 where larger) as one read of the covering bytes, and each other run with a read of its own. This script times,
 per run length, both ways on the same file with ``backend="pread"``: the runs one read each (``strided``), and
 the covering rows read whole (``covering``: one read per 8 MiB, then the runs copied out), warm (file in the page

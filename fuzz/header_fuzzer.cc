@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "format/header.h"
 #include "fuzz_util.h"
-#include "header.h"
 #include "safetensors/file.h"
 #include "safetensors/source.h"
 

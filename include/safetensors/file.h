@@ -185,7 +185,7 @@ class SAFETENSORS_EXPORT File {
 // A hint that `dst` is freshly allocated memory about to be filled by a read: keeps its 2 MiB-aligned interior
 // on 4 KiB pages (MADV_NOHUGEPAGE; Linux with THP, a no-op elsewhere), whose first-touch cost is the same every
 // time, where a transparent huge page can stall its fault for milliseconds (the measured reason is at the
-// definition, src/file.cc). Never fails. The caller must own the whole allocation `dst` lies in: the advice
+// definition, src/file/file.cc). Never fails. The caller must own the whole allocation `dst` lies in: the advice
 // applies to the pages, not to the bytes.
 SAFETENSORS_EXPORT void advise_fresh_destination(std::span<std::byte> dst);
 

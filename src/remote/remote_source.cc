@@ -13,15 +13,15 @@
 #include <utility>
 #include <vector>
 
-#include "checked.h"
-#include "parallel.h"
-#include "posix.h"
+#include "io/posix.h"
 #include "remote/curl_api.h"
 #include "remote/http_response.h"
 #include "remote/s3_config.h"
 #include "remote/transfer.h"
 #include "remote/url.h"
 #include "safetensors/remote.h"
+#include "util/checked.h"
+#include "util/parallel.h"
 
 namespace safetensors {
 namespace {

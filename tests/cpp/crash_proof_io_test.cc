@@ -25,7 +25,7 @@
 
 #include <gtest/gtest.h>
 
-#include "posix.h"
+#include "io/posix.h"
 #include "safetensors/c.h"
 #include "safetensors/file.h"
 #include "safetensors/slice.h"

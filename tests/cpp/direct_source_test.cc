@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "posix.h"
+#include "io/posix.h"
 #include "safetensors/c.h"
 #include "safetensors/engine.h"
 #include "safetensors/file.h"

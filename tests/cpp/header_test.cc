@@ -3,8 +3,8 @@
 #include <string_view>
 #include <vector>
 
-#include "header.h"
-#include "name_index.h"
+#include "format/header.h"
+#include "format/name_index.h"
 #include "test_util.h"
 
 namespace safetensors {

@@ -4,7 +4,7 @@
 // Regression input: fuzz/regressions/header/negative_zero_*.
 #include <string>
 
-#include "header.h"
+#include "format/header.h"
 #include "test_util.h"
 
 namespace safetensors {

@@ -1,12 +1,12 @@
-// src/json_writer.h (the one JSON string writer, in its two modes) and src/quote.h.
-#include "json_writer.h"
+// src/format/json_writer.h (the one JSON string writer, in its two modes) and src/util/quote.h.
+#include "format/json_writer.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <string_view>
 
-#include "quote.h"
+#include "util/quote.h"
 
 namespace safetensors::internal {
 namespace {

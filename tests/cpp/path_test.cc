@@ -1,5 +1,5 @@
-// src/path.h: the one home of the library's path arithmetic.
-#include "path.h"
+// src/util/path.h: the one home of the library's path arithmetic.
+#include "util/path.h"
 
 #include <gtest/gtest.h>
 

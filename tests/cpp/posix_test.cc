@@ -1,5 +1,5 @@
 // The syscall seam: EINTR and short transfers are retried, errno is mapped in one place.
-#include "posix.h"
+#include "io/posix.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

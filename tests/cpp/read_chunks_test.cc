@@ -1,6 +1,6 @@
-// src/parallel.h's for_each_chunk (the one chunk splitter) and hint_ahead (the one readahead schedule), and
-// src/read_chunks.h (reads cut by the one, hinted by the other).
-#include "read_chunks.h"
+// src/util/parallel.h's for_each_chunk (the one chunk splitter) and hint_ahead (the one readahead schedule), and
+// src/file/read_chunks.h (reads cut by the one, hinted by the other).
+#include "file/read_chunks.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "parallel.h"
 #include "test_util.h"
+#include "util/parallel.h"
 
 namespace safetensors::internal {
 namespace {

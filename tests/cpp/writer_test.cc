@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <filesystem>
 
-#include "posix.h"
+#include "io/posix.h"
 #include "test_util.h"
 
 namespace safetensors {
