@@ -7,8 +7,8 @@
 # distributed and sharded checkpoints, strided slices, fresh memory, threads on 3.14t).
 #
 #   bash scripts/bench.sh                  the full run (512 MiB and 2 GiB files, case 8 also 6 GiB, then every
-#                                          section; about 2 hours on 2 CPUs, 13 GiB of free disk in
-#                                          build/bench-results/tmp)
+#                                          section; about 3 hours on 2 CPUs, the sharded section 45 minutes
+#                                          of it; 13 GiB of free disk in build/bench-results/tmp)
 #   bash scripts/bench.sh --quick          small sizes, 3 repetitions, small sections (a smoke test, about 10
 #                                          minutes after setup); writes build/bench-results/quick/ instead of
 #                                          BENCHMARKS.md
