@@ -243,10 +243,7 @@ def main() -> None:
                   f"{link}; a copy per rank on {fs}, dropped from the page cache before each load; {args.reps} "
                   f"repetition{'s' if args.reps != 1 else ''}")
     text = report(results, size, meta, conditions, args.device)
-    if args.markdown:
-        args.markdown.write_text(text)
-    else:
-        print(text)
+    section.emit(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -221,7 +221,7 @@ def main() -> None:
     rows = [r for r in ROWS if not args.rows or r.key in args.rows.split(",")]
     if args.render:
         saved = json.loads(args.render.read_text())
-        write(report({int(k): v for k, v in saved["results"].items()}, rows, saved["meta"]), args.markdown)
+        section.emit(report({int(k): v for k, v in saved["results"].items()}, rows, saved["meta"]), args.markdown)
         return
     args.tmpdir.mkdir(parents=True, exist_ok=True)
     ceilings = build_ceilings(args.tmpdir)
@@ -243,14 +243,7 @@ def main() -> None:
         results[size] = measure(path, rows, args.reps, ceilings, args.idle)
     meta["load_end"] = load_average()
     (args.tmpdir / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    write(report(results, rows, meta), args.markdown)
-
-
-def write(text: str, markdown: Optional[Path]) -> None:
-    if markdown:
-        markdown.write_text(text)
-    else:
-        print(text)
+    section.emit(report(results, rows, meta), args.markdown)
 
 
 if __name__ == "__main__":

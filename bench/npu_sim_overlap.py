@@ -358,10 +358,7 @@ def main() -> None:
                   f"tensors of {smallest / MiB:.1f} to {largest / MiB:.1f} MiB; page cache warm; {args.reps} "
                   f"measured load{'s' if args.reps != 1 else ''} per delay")
     text = report(results, meta, conditions)
-    if args.markdown:
-        args.markdown.write_text(text)
-    else:
-        print(text)
+    section.emit(text, args.markdown)
     if args.json:
         Path(args.json).write_text(json.dumps({"size": nbytes, "tensors": args.tensors, "results": results},
                                               indent=1))

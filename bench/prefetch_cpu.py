@@ -189,10 +189,7 @@ def main() -> None:
     conditions = (f"torch {torch.__version__}; {size_text(size)} in {tensors} bf16 tensors; page cache warm; "
                   f"{args.reps} round{'s' if args.reps != 1 else ''}")
     text = report(samples, size, meta, conditions)
-    if args.markdown:
-        args.markdown.write_text(text)
-    else:
-        print(text)
+    section.emit(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -104,8 +104,8 @@ def main() -> int:
         ap.error("--cases none and no --sections: nothing to measure")
     done = sections.run(chosen, args.quick, out_md, outdir / "sections")
     if done:
-        print("bench: sections: " + "; ".join(done))
-    return 1 if any("FAILED" in d for d in done) else 0
+        print("bench: sections: " + "; ".join(d.line for d in done))
+    return 0 if all(d.ok for d in done) else 1
 
 
 if __name__ == "__main__":

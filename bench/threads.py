@@ -34,7 +34,6 @@ sys.path.insert(0, str(HERE))
 
 from suite.common import fmt_time  # noqa: E402  (times as the main report writes them)
 from suite import section  # noqa: E402
-from suite.machine import load_average  # noqa: E402
 
 REFERENCE_RC = "0.9.0rc1"
 
@@ -224,12 +223,8 @@ def main() -> None:
             print(f"[threads] round {rep + 1}/{args.reps} {label(row, args.files)}: "
                   f"{samples[row][-1]['seconds'] if samples[row] and row not in errors else errors.get(row)}",
                   file=sys.stderr)
-    meta["load_end"] = load_average()
     text = report(samples, errors, meta)
-    if args.markdown:
-        args.markdown.write_text(text)
-    else:
-        print(text)
+    section.emit(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from suite import keys
 from suite.common import Results, count_name, fmt_time, median, size_name
+from suite.targets import fastest_peer
 
 Row = Dict[str, Any]
 
@@ -37,8 +38,8 @@ def expect(cfg: Dict[str, Any], res: Results) -> List[str]:
     for temp, how in (("warm", "file in the page cache"), ("cold", "file not cached")):
         for size in fresh:
             ours = _best(res, [keys.fresh(temp, size, r) for r in ("ours_auto", "ours")])
-            peers = _best(res, [keys.fresh(temp, size, p) for p in keys.PEER_ROWS])
-            lines.append(_line(f"load {size_name(size)} into tensors of their own, new process, {how}", ours, peers))
+            lines.append(_line(f"load {size_name(size)} into tensors of their own, new process, {how}", ours,
+                               fastest_peer(res, temp, size)))
     for size in fresh[:1]:
         lines.append(_line(f"open {size_name(size)} lazily (mmap views), new process",
                            res.get(keys.fresh("warm", size, "ours_lazy")),

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from suite.machine import load_average, sh
 
@@ -54,3 +54,11 @@ def doc_paragraphs(doc: str, first: int = 0, last: int | None = None) -> List[st
     for p in paras[first:last]:
         out += [p, ""]
     return out
+
+
+def emit(text: str, markdown: Optional[Path]) -> None:
+    """A script's section: written to `markdown` (its --markdown FILE, which bench/run.py reads), or printed."""
+    if markdown:
+        markdown.write_text(text)
+    else:
+        print(text)

@@ -85,11 +85,17 @@ def select(spec: str) -> List[Section]:
     return [s for s in SECTIONS if s.name in wanted]
 
 
-def run(chosen: Sequence[Section], quick: bool, report: Path, outdir: Path) -> List[str]:
+class Outcome(NamedTuple):
+    name: str
+    ok: bool  # the script wrote its section (else the report holds the failure)
+    line: str  # "NAME: written in N s", or why not
+
+
+def run(chosen: Sequence[Section], quick: bool, report: Path, outdir: Path) -> List[Outcome]:
     """Runs each chosen section's script and puts what it wrote into `report`; a script that fails puts a
-    section saying so. Returns one line per section: its name, time and outcome."""
+    section saying so."""
     outdir.mkdir(parents=True, exist_ok=True)
-    done = []
+    done: List[Outcome] = []
     for s in chosen:
         md, log = outdir / f"{s.name}.md", outdir / f"{s.name}.log"
         md.unlink(missing_ok=True)
@@ -101,7 +107,8 @@ def run(chosen: Sequence[Section], quick: bool, report: Path, outdir: Path) -> L
         with open(log, "w") as out:
             rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE.parent).returncode
         took = time.monotonic() - t0
-        if rc == 0 and md.exists() and md.read_text().strip():
+        ok = rc == 0 and md.exists() and bool(md.read_text().strip())
+        if ok:
             body = md.read_text()
             outcome = "written"
         else:
@@ -110,6 +117,6 @@ def run(chosen: Sequence[Section], quick: bool, report: Path, outdir: Path) -> L
                     f"wrote this report. The end of its output:\n\n```\n{end}\n```")
             outcome = f"FAILED (exit status {rc})"
         update(report, s.name, body)
-        done.append(f"{s.name}: {outcome} in {took:.0f} s")
-        print(f"bench: section {s.name}: {outcome} in {took:.0f} s", flush=True)
+        done.append(Outcome(s.name, ok, f"{s.name}: {outcome} in {took:.0f} s"))
+        print(f"bench: section {done[-1].line}", flush=True)
     return done
