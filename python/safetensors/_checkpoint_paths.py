@@ -7,7 +7,7 @@ A checkpoint is one ``.safetensors`` file, a directory, or an index file in the 
     model-00002-of-00002.safetensors
 
 Parsing and validating an index, the "a shard holds what the index assigns" check, the split, the shard file
-names, the index text and its atomic write are ``_safetensors_cpp.ShardIndex``, ``ShardedFile``,
+names, the index text and its atomic write are ``_safetensors_cpp.sharded.ShardIndex``, ``ShardedFile``,
 ``plan_shards``, ``write_index`` and ``save_sharded`` (include/safetensors/sharded.h). What is left here only
 Python knows: size strings (``parse_size``/``format_size``) and what a path argument names (``resolve``).
 """
@@ -49,7 +49,7 @@ def checkpoint_files(directory: str, stem: str = "model") -> List[str]:
     return sorted(
         os.path.join(directory, e)
         for e in os.listdir(directory or ".")
-        if e in (single, index) or _cpp.is_shard_file_name(stem, e)
+        if e in (single, index) or _cpp.sharded.is_shard_file_name(stem, e)
     )
 
 
@@ -84,7 +84,7 @@ class Checkpoint:
     shards: List[Shard] = field(default_factory=list)
     index_path: Optional[str] = None
     index_metadata: Optional[Dict[str, Any]] = None
-    index: Optional["_cpp.ShardIndex"] = field(default=None, compare=False, repr=False)
+    index: Optional["_cpp.sharded.ShardIndex"] = field(default=None, compare=False, repr=False)
 
 
 # -- sizes -------------------------------------------------------------------------------------------------
@@ -135,11 +135,11 @@ def format_size(nbytes: int) -> str:
 
 # -- the index (the C++ library's) -----------------------------------------------------------------------
 
-def read_index(path: str) -> "_cpp.ShardIndex":
+def read_index(path: str) -> "_cpp.sharded.ShardIndex":
     """The parsed, validated index at ``path``. Raises IndexFormatError (the library's message, naming
     ``path``) for an invalid index, or OSError."""
     try:
-        return _cpp.ShardIndex.read(path)
+        return _cpp.sharded.ShardIndex.read(path)
     except OSError:
         raise
     except SafetensorError as e:

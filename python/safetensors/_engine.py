@@ -33,13 +33,13 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol
 from . import _safetensors_cpp as _cpp
 
 #: Reader threads per load (tests lower it to make slab order deterministic).
-READER_THREADS = _cpp.DEFAULT_READER_THREADS
+READER_THREADS = _cpp.engine.DEFAULT_READER_THREADS
 
 
 def set_staging_capacity(nbytes: int) -> None:
-    """The most host memory the engine's slab pool holds at once (default ``_safetensors_cpp.DEFAULT_STAGING_BYTES``,
+    """The most host memory the engine's slab pool holds at once (default ``_safetensors_cpp.engine.DEFAULT_STAGING_BYTES``,
     or the environment's ``SAFETENSORS_STAGING_BYTES``), for every load of the process together."""
-    _cpp.slab_pool_set_capacity(int(nbytes))
+    _cpp.engine.slab_pool_set_capacity(int(nbytes))
 
 
 if os.environ.get("SAFETENSORS_STAGING_BYTES"):
@@ -101,16 +101,16 @@ def _use_allocator(copier: DeviceCopier) -> bool:
     pool's allocator is ours. An allocator installed concurrently with this call is seen by the next load."""
     global _allocator_framework, _installed_at
     with _allocator_lock:
-        stats = _cpp.slab_pool_stats()
+        stats = _cpp.engine.slab_pool_stats()
         ours = _installed_at is not None and stats["allocator_changes"] == _installed_at
         if not ours and stats["custom_allocator"]:
             _log.debug("safetensors: the staging slab pool's allocator is not safetensors' (another caller "
                        "installed one); accelerator loads copy from its slabs synchronously, as pageable memory")
             return False
         if not ours or _allocator_framework != copier.framework:
-            _cpp.slab_pool_set_allocator(partial(_alloc, type(copier)), _free)
+            _cpp.engine.slab_pool_set_allocator(partial(_alloc, type(copier)), _free)
             _allocator_framework = copier.framework
-            _installed_at = _cpp.slab_pool_stats()["allocator_changes"]
+            _installed_at = _cpp.engine.slab_pool_stats()["allocator_changes"]
         return True
 
 
@@ -153,10 +153,10 @@ def stream_to_device(
     _use_allocator(copier)
     foreign = 0  # copies out of slabs that are not copier's framework's memory
     plan = [(names[i] if names else "", begin, end, None) for i, (_, begin, end) in enumerate(jobs)]
-    prefetcher = _cpp.Prefetcher(file, plan, threads=threads or READER_THREADS)
+    prefetcher = _cpp.engine.Prefetcher(file, plan, threads=threads or READER_THREADS)
     # The engine's CopyQueue returns each slab to the pool once the copy out of it completed (its event, which
     # _done polls and _await waits for), and reports the jobs whose last copy completed.
-    copies = _cpp.CopyQueue(prefetcher, _done, _await)
+    copies = _cpp.engine.CopyQueue(prefetcher, _done, _await)
     try:
         with copier.context():
             while stop is None or not stop.is_set():
@@ -262,7 +262,7 @@ class DirectLoad:
     def __init__(self, file: Any, jobs: Sequence[Tuple[str, int, int, int]], threads: int) -> None:
         # jobs: (tensor name, destination address, begin, end). The name is the engine's: its errors name the
         # tensor, and its dtype gives the byte swap a big-endian host needs.
-        self._prefetcher = _cpp.Prefetcher(file, [(name, begin, end, address) for name, address, begin, end in jobs],
+        self._prefetcher = _cpp.engine.Prefetcher(file, [(name, begin, end, address) for name, address, begin, end in jobs],
                                            threads=threads)
         self._lock = threading.Lock()
         self._closed = False
@@ -286,7 +286,7 @@ class DirectLoad:
 
 def reset_staging_peak() -> None:
     """Restarts the pool's ``peak_bytes`` from the bytes it holds now."""
-    _cpp.slab_pool_reset_peak()
+    _cpp.engine.slab_pool_reset_peak()
 
 
 def staging_stats() -> Dict[str, int]:
@@ -294,7 +294,7 @@ def staging_stats() -> Dict[str, int]:
     (1 while the pool's allocator is this module's), and ``foreign_slab_copies`` / ``pageable_slab_copies``:
     copies since the process started that ran synchronously because their slab was not the copying
     framework's memory / was a torch slab that torch could not pin."""
-    stats = dict(_cpp.slab_pool_stats())
+    stats = dict(_cpp.engine.slab_pool_stats())
     with _allocator_lock:
         stats["pool_allocator_ours"] = int(_installed_at is not None and stats["allocator_changes"] == _installed_at)
         stats.update(_fallbacks)

@@ -152,7 +152,7 @@ class safe_open(_cpp.SafeOpenBase):
         return TensorMeta(code, list(shape), (begin, end))
 
     def prefetch(self, plan: Optional[Dict[str, PlanValue]] = None, *, device: Any = None,
-                 threads: int = _cpp.DEFAULT_READER_THREADS) -> "PrefetchLoader":
+                 threads: int = _cpp.engine.DEFAULT_READER_THREADS) -> "PrefetchLoader":
         """Starts loading tensors in the background and returns at once.
 
         Args:
@@ -163,7 +163,7 @@ class safe_open(_cpp.SafeOpenBase):
             device: where the tensors go (defaults to the handle's device): ``"cpu"``, ``"cuda:0"``,
                 ``"npu:1"``, an int (a device of the current accelerator), a ``torch.device``...
             threads: reader threads of this loader (CPU loads): any positive integer; at most 64 run (the
-                engine's maximum, ``_safetensors_cpp.PREFETCH_MAX_THREADS``), fewer where the plan has
+                engine's maximum, ``_safetensors_cpp.engine.PREFETCH_MAX_THREADS``), fewer where the plan has
                 fewer chunks.
 
         Every error of the plan is raised here, before anything is read. Only ``framework="pt"``.
@@ -185,7 +185,7 @@ class safe_open(_cpp.SafeOpenBase):
         if file.backend == "mmap":
             file = file.with_backend("auto")
             log_source(file, "auto")
-        return PrefetchLoader(file, pieces, target, min(threads, _cpp.PREFETCH_MAX_THREADS))
+        return PrefetchLoader(file, pieces, target, min(threads, _cpp.engine.PREFETCH_MAX_THREADS))
 
 
 # A tensor not read yet: get_shape(), get_dtype(), len() and [index] (numpy semantics); native, see

@@ -294,7 +294,7 @@ def _takes_whole_rows(index: tuple) -> bool:
 
 def _stage_rows(reader: Reader, name: str, code: str, shape: Tuple[int, ...], start: int, stop: int) -> Any:
     """Rows ``[start, stop)`` of tensor ``name`` streamed to the device: one byte range, staged as a tensor."""
-    begin, end = _cpp.row_piece(reader.file, name, start, stop)
+    begin, end = _cpp.engine.row_piece(reader.file, name, start, stop)
     piece = Piece(code, (stop - start,) + tuple(shape[1:]), begin, end)
     return reader.adapter.stage(reader.file, [(name, piece)], reader.device)[name]
 

@@ -43,7 +43,7 @@ def _getdtype(dtype_str: str) -> torch.dtype:
 
 def set_staging_capacity(nbytes: int) -> None:
     """The most page-locked host memory accelerator loads stage through at once, for the whole process
-    (default ``_safetensors_cpp.DEFAULT_STAGING_BYTES``; also ``SAFETENSORS_STAGING_BYTES``). Returned to the system when no load runs."""
+    (default ``_safetensors_cpp.engine.DEFAULT_STAGING_BYTES``; also ``SAFETENSORS_STAGING_BYTES``). Returned to the system when no load runs."""
     from . import _engine
 
     _engine.set_staging_capacity(nbytes)

@@ -256,7 +256,8 @@ void bind_engine(nb::module_& m) {
   m.attr("DEFAULT_SLAB_BYTES") = SlabPool::kDefaultSlabBytes;
   m.attr("PREFETCH_MAX_THREADS") = PrefetchOptions::kMaxThreads;
   const std::string prefetcher_init =
-      "def __init__(self, file: File, plan: list[tuple[str, int, int, int | None]], threads: int = " +
+      "def __init__(self, file: safetensors._safetensors_cpp.File, plan: list[tuple[str, int, int, int | None]], "
+      "threads: int = " +
       std::to_string(kDefaultReaderThreads) + ", chunk_bytes: int = " + std::to_string(kDefaultChunkBytes) +
       ", merge_gap: int = 0, max_slabs: int = 0) -> None";
 

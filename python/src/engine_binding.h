@@ -8,7 +8,8 @@
 
 namespace safetensors::python {
 
-// Adds Prefetcher, PrefetchEvent and the slab-pool functions to `m`. Errors go through common.h's raise_error.
+// Adds Prefetcher, PrefetchEvent, CopyQueue and the slab-pool functions to `m` (the `engine` submodule).
+// Errors go through common.h's raise_error.
 void bind_engine(nanobind::module_& m);
 
 }  // namespace safetensors::python

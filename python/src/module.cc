@@ -462,6 +462,13 @@ NB_MODULE(_safetensors_cpp, m) {
         "For tests: direct sources opened from now on read everything through bounce memory (True), straight "
         "into aligned destinations where they can (False), or as the device under the file suggests (None).");
   m.attr("DEFAULT_MAX_HEADER_BYTES") = kDefaultMaxHeaderBytes;
-  bind_engine(m);
-  bind_sharded(m);
+  // The layers above the file get a submodule each, as in src/: _safetensors_cpp.engine, _safetensors_cpp.sharded.
+  nb::module_ engine = m.def_submodule("engine",
+                                       "The loading engine (src/engine/): prefetchers, copy queues and "
+                                       "the process-wide slab pool.");
+  bind_engine(engine);
+  nb::module_ sharded = m.def_submodule("sharded",
+                                        "Sharded checkpoints (src/sharded/): the index, a set of shard "
+                                        "files read as one, and the shard plan of a save.");
+  bind_sharded(sharded);
 }

@@ -149,7 +149,7 @@ void bind_sharded(nb::module_& m) {
       .def_prop_ro("total_size", &ShardedFile::total_size)
       .def_prop_ro(
           "shards", [](const ShardedFile& f) { return std::vector<File>(f.shards()); },
-          nb::sig("def shards(self) -> list[File]"),
+          nb::sig("def shards(self) -> list[safetensors._safetensors_cpp.File]"),
           "The shard files: an index's sorted by name, else in the order given.")
       .def("__len__", [](const ShardedFile& f) { return f.tensors().size(); })
       .def("__contains__", [](const ShardedFile& f, std::string_view name) { return f.find(name) != nullptr; })

@@ -8,9 +8,9 @@
 
 namespace safetensors::python {
 
-// Adds ShardIndex, ShardedFile, ShardPlan, plan_shards, write_index and save_sharded to `m`. REQUIRES: File is
-// already bound in `m` (ShardedFile.shards and ShardIndex.select take and return File objects). Errors go through
-// common.h's raise_error.
+// Adds ShardIndex, ShardedFile, ShardPlan, plan_shards, write_index and save_sharded to `m` (the `sharded`
+// submodule). REQUIRES: File is already bound in the parent module (ShardedFile.shards and ShardIndex.select take
+// and return File objects). Errors go through common.h's raise_error.
 void bind_sharded(nanobind::module_& m);
 
 }  // namespace safetensors::python

@@ -9,7 +9,8 @@ wheel=$(ls build/wheel/safetensors-*.whl)
 python - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-need = ["safetensors/__init__.py", "safetensors/torch.py", "safetensors/_safetensors_cpp.pyi", "safetensors/py.typed"]
+need = ["safetensors/__init__.py", "safetensors/torch.py", "safetensors/_safetensors_cpp/__init__.pyi",
+        "safetensors/_safetensors_cpp/engine.pyi", "safetensors/_safetensors_cpp/sharded.pyi", "safetensors/py.typed"]
 missing = [n for n in need if n not in names]
 assert not missing, missing
 assert any(n.startswith("safetensors/_safetensors_cpp") and n.endswith(".so") for n in names), names

@@ -158,7 +158,7 @@ def cmd_convert(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> i
     total = sum(spec[4] for spec in specs)
     # The C++ plan (huggingface_hub's split and names). No tensors, or one shard, is written as one file, as
     # save_pretrained does when its split is not sharded.
-    plan = _cpp.plan_shards([(spec[0], spec[4]) for spec in specs], max_shard) if max_shard is not None else None
+    plan = _cpp.sharded.plan_shards([(spec[0], spec[4]) for spec in specs], max_shard) if max_shard is not None else None
     sharded = plan is not None and len(plan.shards) > 1
     if sharded:
         targets = [os.path.join(directory, file_name) for file_name, _, _ in plan.shards]
@@ -176,7 +176,7 @@ def cmd_convert(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> i
         with WriteWatcher(progress, 0, total):
             if sharded:
                 # Every shard atomically, then the index (atomic, an existing index's mode bits kept).
-                _cpp.save_sharded(directory or ".", specs, max_shard, stem, list(metadata.items()))
+                _cpp.sharded.save_sharded(directory or ".", specs, max_shard, stem, list(metadata.items()))
             else:
                 save_file(tensors, targets[0], metadata=metadata)
     except (SafetensorError, OSError) as e:

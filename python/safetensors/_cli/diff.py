@@ -35,9 +35,9 @@ class _Side:
         self.path = path
         try:
             if checkpoint.index_path is not None:
-                opened = _cpp.ShardedFile.open_index(checkpoint.index_path, "pread")
+                opened = _cpp.sharded.ShardedFile.open_index(checkpoint.index_path, "pread")
             else:
-                opened = _cpp.ShardedFile.open_files([shard.path for shard in checkpoint.shards], "pread")
+                opened = _cpp.sharded.ShardedFile.open_files([shard.path for shard in checkpoint.shards], "pread")
         except (SafetensorError, OSError) as e:
             raise CliError(describe_error(e)) from None
         files = opened.shards

@@ -129,10 +129,10 @@ class HuggingFaceStorageReader(_TorchHuggingFaceStorageReader):
         ``model.safetensors``."""
         base = location.rstrip("/")
         try:
-            sharded = _cpp.ShardedFile.open_index(f"{base}/{INDEX_NAME}", BACKEND, remote=self._remote_pairs)
+            sharded = _cpp.sharded.ShardedFile.open_index(f"{base}/{INDEX_NAME}", BACKEND, remote=self._remote_pairs)
         except FileNotFoundError:
             try:
-                sharded = _cpp.ShardedFile.open_files([f"{base}/{SINGLE_FILE_NAME}"], BACKEND,
+                sharded = _cpp.sharded.ShardedFile.open_files([f"{base}/{SINGLE_FILE_NAME}"], BACKEND,
                                                       remote=self._remote_pairs)
             except FileNotFoundError as e:
                 raise type(e)(f"{location}: neither {INDEX_NAME} nor {SINGLE_FILE_NAME} was found") from None
@@ -148,7 +148,7 @@ class HuggingFaceStorageReader(_TorchHuggingFaceStorageReader):
         where = [self.storage_data[item.storage_index].relative_path for item in plan.items]
         paths = sorted(set(where))
         destinations = [planner.resolve_tensor(item).detach() for item in plan.items]
-        workers = max(1, self.thread_count, min(len(plan.items), _cpp.DEFAULT_READER_THREADS))
+        workers = max(1, self.thread_count, min(len(plan.items), _cpp.engine.DEFAULT_READER_THREADS))
         try:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="safetensors-dcp") as pool:
                 files = dict(zip(paths, _all([pool.submit(self._open, path) for path in paths])))

@@ -37,7 +37,7 @@ class Opened(NamedTuple):
 
 def open_file(filename: PathLike, backend: str, storage_options: Optional[StorageOptions] = None) -> Opened:
     """One ``.safetensors`` file (a path or a URL), all of its tensors."""
-    sharded = _cpp.ShardedFile.open_files([fspath(filename)], backend, remote=remote_pairs(storage_options))
+    sharded = _cpp.sharded.ShardedFile.open_files([fspath(filename)], backend, remote=remote_pairs(storage_options))
     return _opened(sharded, sharded.shards[0])
 
 
@@ -50,23 +50,23 @@ def open_checkpoint(checkpoint: Union[PathLike, Sequence[PathLike]], backend: st
     if isinstance(checkpoint, (str, bytes, os.PathLike)) and _cpp.is_remote_location(fspath(checkpoint)):
         location = fspath(checkpoint)
         if location.split("?", 1)[0].endswith(".json"):
-            sharded = _cpp.ShardedFile.open_index(location, backend, remote=remote)
+            sharded = _cpp.sharded.ShardedFile.open_index(location, backend, remote=remote)
         else:
-            sharded = _cpp.ShardedFile.open_files([location], backend, remote=remote)
+            sharded = _cpp.sharded.ShardedFile.open_files([location], backend, remote=remote)
     elif isinstance(checkpoint, (str, bytes, os.PathLike)):
         try:
             resolved = resolve(fspath(checkpoint))
         except CheckpointError as e:
             raise SafetensorError(str(e)) from None
         if resolved.index_path is not None:
-            sharded = _cpp.ShardedFile.open_index(resolved.index_path, backend, remote=remote)
+            sharded = _cpp.sharded.ShardedFile.open_index(resolved.index_path, backend, remote=remote)
         else:
-            sharded = _cpp.ShardedFile.open_files([shard.path for shard in resolved.shards], backend, remote=remote)
+            sharded = _cpp.sharded.ShardedFile.open_files([shard.path for shard in resolved.shards], backend, remote=remote)
     else:
         paths = [fspath(p) for p in checkpoint]
         if not paths:
             raise SafetensorError("load_sharded: no files given")
-        sharded = _cpp.ShardedFile.open_files(paths, backend, remote=remote)
+        sharded = _cpp.sharded.ShardedFile.open_files(paths, backend, remote=remote)
     return _opened(sharded, sharded)
 
 

@@ -71,7 +71,7 @@ def plan_layout(descs: Sequence[TensorDesc], max_shard_bytes: int, metadata: Dic
     """The files ``huggingface_hub.split_torch_state_dict_into_shards`` makes of ``descs`` (in state-dict
     order), each laid out as ``save_file`` writes it: one ``model.safetensors`` when they fit."""
     by_name = {d[0]: d for d in descs}
-    plan = _cpp.plan_shards([(name, nbytes(code, shape)) for name, code, shape in descs], max_shard_bytes)
+    plan = _cpp.sharded.plan_shards([(name, nbytes(code, shape)) for name, code, shape in descs], max_shard_bytes)
     shards = plan.shards or [(SINGLE_FILE, [], 0)]
     files, file_of = [], {}
     for file_name, inputs, _ in shards:
@@ -244,7 +244,7 @@ def _save(grp: Group, state_dict: Mapping[str, Any], directory: str, max_shard_s
             publish(directory, [(temporary_name(f.file_name, token), f.file_name) for f in layout.files])
             written = {f.file_name for f in layout.files}
             if layout.plan is not None:
-                _cpp.write_index(directory, layout.plan, True)
+                _cpp.sharded.write_index(directory, layout.plan, True)
                 written.add(layout.plan.index_file_name)
             # What an earlier save of another split left (its shards, its index or its single file) goes, the
             # index first, so no reader meets an index naming removed shards or a stale file beside the new.

@@ -18,7 +18,7 @@ import pytest
 
 import safetensors.numpy as stnp
 from safetensors._cli import main
-from safetensors._safetensors_cpp import plan_shards
+from safetensors._safetensors_cpp.sharded import plan_shards
 from safetensors._checkpoint_paths import Checkpoint, Shard, parse_size, resolve
 from cli.helpers import shard_file_names, small_file
 

@@ -119,7 +119,7 @@ def small_staging():
     from safetensors import _engine
 
     _engine.set_staging_capacity(32 * 2**20)
-    _engine._cpp.slab_pool_set_slab_bytes(8 * 2**20)
+    _engine._cpp.engine.slab_pool_set_slab_bytes(8 * 2**20)
     yield _engine
     _engine.set_staging_capacity(256 * 2**20)
 

@@ -314,11 +314,11 @@ def small_pool(monkeypatch):
     from safetensors import _engine
 
     monkeypatch.setattr(_engine, "READER_THREADS", 1)
-    _engine._cpp.slab_pool_set_slab_bytes(MiB)
+    _engine._cpp.engine.slab_pool_set_slab_bytes(MiB)
     _engine.set_staging_capacity(2 * MiB)
     yield st
     _engine.set_staging_capacity(256 * MiB)
-    _engine._cpp.slab_pool_set_slab_bytes(8 * MiB)
+    _engine._cpp.engine.slab_pool_set_slab_bytes(8 * MiB)
 
 
 def save_big(tmp_path, sizes_mib, data_at_mib: bool = False) -> tuple:
@@ -455,9 +455,9 @@ def foreign_allocator():
         live.pop(address)
         calls["free"] += 1
 
-    _engine._cpp.slab_pool_set_allocator(alloc, free)
+    _engine._cpp.engine.slab_pool_set_allocator(alloc, free)
     yield calls
-    _engine._cpp.slab_pool_set_allocator()
+    _engine._cpp.engine.slab_pool_set_allocator()
 
 
 def test_a_load_leaves_another_callers_allocator_in_place_and_copies_synchronously(tmp_path, foreign_allocator,
@@ -491,7 +491,7 @@ def test_once_the_default_allocator_is_back_a_load_installs_ours_again(tmp_path)
     import safetensors.torch as st
     from safetensors import _engine
 
-    _engine._cpp.slab_pool_set_allocator()  # whatever was there: the default
+    _engine._cpp.engine.slab_pool_set_allocator()  # whatever was there: the default
     path, state = save_big(tmp_path, [9])
     loaded = st.load_file(path, device="npu:0")
     assert raw(loaded["t0"]) == raw(state["t0"])

@@ -1,4 +1,4 @@
-"""The C++ engine through the binding (_safetensors_cpp.Prefetcher): CPU direct loads into numpy/torch buffers,
+"""The C++ engine through the binding (_safetensors_cpp.engine.Prefetcher): CPU direct loads into numpy/torch buffers,
 staged loads copied out of slabs with ctypes.memmove, both equal to get_tensor; rows, errors, the pool."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_direct_into_numpy_and_torch_buffers(model, backend):
             ptr = out.ctypes.data
         outs.append((name, out))
         plan.append((name, begin, end, ptr))
-    with cpp.Prefetcher(f, plan, threads=4) as pf:
+    with cpp.engine.Prefetcher(f, plan, threads=4) as pf:
         done = drain(pf)
         assert sorted(done) == list(range(len(plan)))
         for i in range(len(plan)):
@@ -74,12 +74,12 @@ def test_direct_into_numpy_and_torch_buffers(model, backend):
 def test_staged_through_slabs_with_memmove(model, backend):
     path, tensors = model
     f = cpp.File(path, backend)
-    cpp.slab_pool_set_slab_bytes(4096)
+    cpp.engine.slab_pool_set_slab_bytes(4096)
     try:
         plan = [(name, b, e, None) for name, (_, _, b, e) in f.infos()]
-        plan.append(("layer3.w", *cpp.row_piece(f, "layer3.w", 5, 17), None))  # rows, as the loader plans them
+        plan.append(("layer3.w", *cpp.engine.row_piece(f, "layer3.w", 5, 17), None))  # rows, as the loader plans them
         out = [bytearray(e - b) for _, b, e, _ in plan]
-        with cpp.Prefetcher(f, plan, threads=3) as pf:
+        with cpp.engine.Prefetcher(f, plan, threads=3) as pf:
             assert len(pf) == len(plan)
             done = drain(pf, out)
             assert sorted(done) == list(range(len(plan)))
@@ -88,11 +88,11 @@ def test_staged_through_slabs_with_memmove(model, backend):
             for (name, _, _, _), got in zip(plan[:-1], out[:-1]):
                 assert bytes(got) == h.get_tensor(name).tobytes(), name
             assert bytes(out[-1]) == h.get_tensor("layer3.w")[5:17].tobytes()
-        stats = cpp.slab_pool_stats()
+        stats = cpp.engine.slab_pool_stats()
         assert stats["peak_bytes"] <= stats["capacity"]
         assert stats["slabs_in_use"] == 0
     finally:
-        cpp.slab_pool_set_slab_bytes(8 << 20)
+        cpp.engine.slab_pool_set_slab_bytes(8 << 20)
 
 
 def test_python_allocator_counts_slabs(model):
@@ -114,12 +114,12 @@ def test_python_allocator_counts_slabs(model):
             calls["free"] += 1
             del live[address]
 
-    cpp.slab_pool_set_slab_bytes(4096)
-    cpp.slab_pool_set_allocator(alloc, free)
+    cpp.engine.slab_pool_set_slab_bytes(4096)
+    cpp.engine.slab_pool_set_allocator(alloc, free)
     try:
         plan = [(name, b, e, None) for name, (_, _, b, e) in f.infos()]
         out = [bytearray(e - b) for _, b, e, _ in plan]
-        with cpp.Prefetcher(f, plan, threads=4) as pf:
+        with cpp.engine.Prefetcher(f, plan, threads=4) as pf:
             while True:
                 ev = pf.next()
                 if ev.kind == "end":
@@ -139,21 +139,21 @@ def test_python_allocator_counts_slabs(model):
         assert calls["alloc"] == calls["free"]  # idle slabs returned once no prefetcher uses the pool
         assert not live
     finally:
-        cpp.slab_pool_set_allocator()
-        cpp.slab_pool_set_slab_bytes(8 << 20)
+        cpp.engine.slab_pool_set_allocator()
+        cpp.engine.slab_pool_set_slab_bytes(8 << 20)
 
 
 def test_errors_are_translated(model, tmp_path):
     path, _ = model
     f = cpp.File(path)
     with pytest.raises(SafetensorError, match="0-d|out of range"):
-        cpp.row_piece(f, "ids", 0, 2000)
+        cpp.engine.row_piece(f, "ids", 0, 2000)
     with pytest.raises(SafetensorError, match="data buffer"):
-        cpp.Prefetcher(f, [("ids", 0, 1 << 40, None)])
+        cpp.engine.Prefetcher(f, [("ids", 0, 1 << 40, None)])
     # A file truncated after it was opened: the reader's I/O error comes out of next(), naming the file.
     f = cpp.File(path, "mmap")
     os.truncate(path, f.data_offset + 100)
-    pf = cpp.Prefetcher(f, [(name, b, e, None) for name, (_, _, b, e) in f.infos()])
+    pf = cpp.engine.Prefetcher(f, [(name, b, e, None) for name, (_, _, b, e) in f.infos()])
     with pytest.raises(OSError) as info:
         while True:
             ev = pf.next(timeout=10)
@@ -168,10 +168,10 @@ def test_errors_are_translated(model, tmp_path):
 def test_cancel_from_another_thread_wakes_next(model):
     path, _ = model
     f = cpp.File(path)
-    cpp.slab_pool_set_slab_bytes(4096)
-    cpp.slab_pool_set_capacity(4096)
+    cpp.engine.slab_pool_set_slab_bytes(4096)
+    cpp.engine.slab_pool_set_capacity(4096)
     try:
-        pf = cpp.Prefetcher(f, [(name, b, e, None) for name, (_, _, b, e) in f.infos() if e > b])
+        pf = cpp.engine.Prefetcher(f, [(name, b, e, None) for name, (_, _, b, e) in f.infos() if e > b])
         ev = pf.next()  # held: the only slab
         assert ev.kind == "staged"
         while pf.next(timeout=0.2).kind != "timeout":
@@ -182,5 +182,5 @@ def test_cancel_from_another_thread_wakes_next(model):
         pf.release(ev.slab)
         pf.close()
     finally:
-        cpp.slab_pool_set_capacity(256 << 20)
-        cpp.slab_pool_set_slab_bytes(8 << 20)
+        cpp.engine.slab_pool_set_capacity(256 << 20)
+        cpp.engine.slab_pool_set_slab_bytes(8 << 20)

@@ -1,4 +1,4 @@
-"""Sharded checkpoints through Python: the C++ implementation (sharded.h) bound as _safetensors_cpp.ShardIndex,
+"""Sharded checkpoints through Python: the C++ implementation (sharded.h) bound as _safetensors_cpp.sharded.ShardIndex,
 ShardedFile, plan_shards, write_index and save_sharded, and the CLI's convert built on it. Checkpoints are saved
 through convert and through the binding, reopened through the binding and as transformers reads an index (the
 JSON plus one safe_open per shard); the index text is byte for byte what transformers writes; an existing
@@ -58,7 +58,7 @@ def read_like_transformers(directory: Path) -> Dict[str, np.ndarray]:
 
 
 def read_through_binding(index_path: Path) -> Dict[str, np.ndarray]:
-    ckpt = _cpp.ShardedFile.open_index(str(index_path))
+    ckpt = _cpp.sharded.ShardedFile.open_index(str(index_path))
     out = {}
     for name, (code, shape, begin, end) in ckpt.infos():
         buf = bytearray(end - begin)
@@ -79,7 +79,7 @@ def assert_same(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> None:
 
 def test_save_through_the_binding_and_reopen_both_ways(tmp_path):
     tensors = arrays()
-    plan = _cpp.save_sharded(str(tmp_path), specs(tensors), 128, "model", [("format", "pt")], True)
+    plan = _cpp.sharded.save_sharded(str(tmp_path), specs(tensors), 128, "model", [("format", "pt")], True)
     names = [f"model-{i:05d}-of-00003.safetensors" for i in range(1, 4)]
     assert [s[0] for s in plan.shards] == names
     # huggingface_hub's split: the open shard closes when the next tensor overflows it; `big` is a shard of
@@ -96,7 +96,7 @@ def test_save_through_the_binding_and_reopen_both_ways(tmp_path):
 
     assert_same(read_like_transformers(tmp_path), tensors)
     assert_same(read_through_binding(tmp_path / INDEX), tensors)
-    ckpt = _cpp.ShardedFile.open_index(str(tmp_path / INDEX))
+    ckpt = _cpp.sharded.ShardedFile.open_index(str(tmp_path / INDEX))
     assert ckpt.index_path == str(tmp_path / INDEX)
     assert ckpt.total_size == total and ckpt.index_metadata == {"total_size": str(total)}
     assert [f.path for f in ckpt.shards] == [str(tmp_path / n) for n in names]
@@ -107,15 +107,15 @@ def test_save_through_the_binding_and_reopen_both_ways(tmp_path):
 
 def test_read_many_and_open_files(tmp_path):
     tensors = arrays()
-    _cpp.save_sharded(str(tmp_path), specs(tensors), 128)
-    ckpt = _cpp.ShardedFile.open_index(str(tmp_path / INDEX))
+    _cpp.sharded.save_sharded(str(tmp_path), specs(tensors), 128)
+    ckpt = _cpp.sharded.ShardedFile.open_index(str(tmp_path / INDEX))
     outs = {name: np.empty_like(a) for name, a in tensors.items()}
     ckpt.read_many([(name, o.ctypes.data, o.nbytes) for name, o in outs.items()], 4)
     assert_same(outs, tensors)
     files = sorted(str(p) for p in tmp_path.glob("model-*.safetensors"))
-    assert sorted(_cpp.ShardedFile.open_files(files).keys()) == sorted(tensors)
+    assert sorted(_cpp.sharded.ShardedFile.open_files(files).keys()) == sorted(tensors)
     with pytest.raises(SafetensorError, match="is also in"):
-        _cpp.ShardedFile.open_files([files[0], files[0]])
+        _cpp.sharded.ShardedFile.open_files([files[0], files[0]])
 
 
 def test_save_through_cli_convert(tmp_path):
@@ -132,12 +132,12 @@ def test_save_through_cli_convert(tmp_path):
     expected = {name: t.numpy() for name, t in state.items()}
     assert_same(read_like_transformers(out), expected)
     assert_same(read_through_binding(out / INDEX), expected)
-    for shard in _cpp.ShardedFile.open_index(str(out / INDEX)).shards:
+    for shard in _cpp.sharded.ShardedFile.open_index(str(out / INDEX)).shards:
         assert shard.metadata() == {"format": "pt"}
 
 
 def test_empty_input_is_huggingface_hubs_split(tmp_path):
-    plan = _cpp.plan_shards([], 10)
+    plan = _cpp.sharded.plan_shards([], 10)
     assert plan.shards == [] and plan.total_size == 0
     hub = pytest.importorskip("huggingface_hub")
     split = hub.split_torch_state_dict_into_shards({})
@@ -159,18 +159,18 @@ def test_mode_bits_of_an_existing_index_are_kept(tmp_path):
     os.chmod(index, 0o604)
     umask = os.umask(0o022)
     os.umask(umask)
-    _cpp.save_sharded(str(tmp_path), specs(tensors), 128, fsync=True)
+    _cpp.sharded.save_sharded(str(tmp_path), specs(tensors), 128, fsync=True)
     assert stat.S_IMODE(os.stat(index).st_mode) == 0o604
-    plan = _cpp.plan_shards([(n, a.nbytes) for n, a in tensors.items()], 100)
+    plan = _cpp.sharded.plan_shards([(n, a.nbytes) for n, a in tensors.items()], 100)
     os.chmod(index, 0o640)
-    _cpp.write_index(str(tmp_path), plan, fsync=True)
+    _cpp.sharded.write_index(str(tmp_path), plan, fsync=True)
     assert stat.S_IMODE(os.stat(index).st_mode) == 0o640
     assert index.read_text() == plan.index_json
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     # A new index gets 0666 minus the umask, and the process umask is left as it was.
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    _cpp.write_index(str(fresh), plan)
+    _cpp.sharded.write_index(str(fresh), plan)
     assert stat.S_IMODE(os.stat(fresh / INDEX).st_mode) == 0o666 & ~umask
     assert os.umask(umask) == umask
 
@@ -188,7 +188,7 @@ def test_cli_convert_force_keeps_the_index_mode(tmp_path):
 
 def test_write_index_into_a_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError):
-        _cpp.write_index(str(tmp_path / "nope"), _cpp.plan_shards([("a", 1)], 10))
+        _cpp.sharded.write_index(str(tmp_path / "nope"), _cpp.sharded.plan_shards([("a", 1)], 10))
 
 
 # -- index errors ------------------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def test_write_index_into_a_missing_directory(tmp_path):
 def test_index_errors_name_the_index(tmp_path, content, message):
     index = tmp_path / INDEX
     index.write_text(content)
-    for call in (lambda: _cpp.ShardIndex.read(str(index)), lambda: _cpp.ShardedFile.open_index(str(index))):
+    for call in (lambda: _cpp.sharded.ShardIndex.read(str(index)), lambda: _cpp.sharded.ShardedFile.open_index(str(index))):
         with pytest.raises(SafetensorError) as e:
             call()
         assert message in str(e.value) and f'in "{index}"' in str(e.value) and "InvalidArgument" in str(e.value)
@@ -226,20 +226,20 @@ def test_a_shard_missing_a_tensor_names_the_shard_and_the_tensor(tmp_path):
     stnp.save_file({"a": np.zeros(2, np.float32), "stale": np.zeros(1, np.int8)}, str(tmp_path / "s1.safetensors"))
     (tmp_path / INDEX).write_text(json.dumps({"weight_map": {"a": "s1.safetensors", "ghost": "s1.safetensors"}}))
     with pytest.raises(SafetensorError) as e:
-        _cpp.ShardedFile.open_index(str(tmp_path / INDEX))
+        _cpp.sharded.ShardedFile.open_index(str(tmp_path / INDEX))
     assert str(e.value) == f'File does not contain tensor ghost (TensorNotFound) in "{tmp_path / "s1.safetensors"}"'
-    index = _cpp.ShardIndex.read(str(tmp_path / INDEX))
+    index = _cpp.sharded.ShardIndex.read(str(tmp_path / INDEX))
     shard = _cpp.File(str(tmp_path / "s1.safetensors"))
     with pytest.raises(SafetensorError, match="ghost"):
         index.select(shard, 0)
     # Without ghost the shard opens, and `stale` (held but not assigned) stays hidden.
     (tmp_path / INDEX).write_text(json.dumps({"weight_map": {"a": "s1.safetensors"}}))
-    assert _cpp.ShardedFile.open_index(str(tmp_path / INDEX)).keys() == ["a"]
-    assert _cpp.ShardIndex.read(str(tmp_path / INDEX)).select(shard, 0) == ["a"]
+    assert _cpp.sharded.ShardedFile.open_index(str(tmp_path / INDEX)).keys() == ["a"]
+    assert _cpp.sharded.ShardIndex.read(str(tmp_path / INDEX)).select(shard, 0) == ["a"]
     # A shard that does not exist: FileNotFoundError naming it.
     (tmp_path / INDEX).write_text(json.dumps({"weight_map": {"a": "gone.safetensors"}}))
     with pytest.raises(FileNotFoundError, match="gone.safetensors"):
-        _cpp.ShardedFile.open_index(str(tmp_path / INDEX))
+        _cpp.sharded.ShardedFile.open_index(str(tmp_path / INDEX))
 
 
 def test_shard_index_fields_and_resolve(tmp_path):
@@ -247,7 +247,7 @@ def test_shard_index_fields_and_resolve(tmp_path):
         '{"metadata": {"total_size": 9, "note": "x"}, "extra": 1, '
         '"weight_map": {"b": "s2.safetensors", "a": "s1.safetensors", "c": "s2.safetensors"}}'
     )
-    index = _cpp.ShardIndex.read(str(tmp_path / INDEX))
+    index = _cpp.sharded.ShardIndex.read(str(tmp_path / INDEX))
     assert index.path == str(tmp_path / INDEX)
     assert index.shard_names == ["s1.safetensors", "s2.safetensors"]
     assert index.weight_map == {"b": "s2.safetensors", "a": "s1.safetensors", "c": "s2.safetensors"}
@@ -264,14 +264,14 @@ def test_shard_index_fields_and_resolve(tmp_path):
 
 def test_plan_refuses_bad_input():
     with pytest.raises(SafetensorError, match="duplicate tensor name `a`"):
-        _cpp.plan_shards([("a", 1), ("a", 2)], 10)
+        _cpp.sharded.plan_shards([("a", 1), ("a", 2)], 10)
     with pytest.raises(SafetensorError, match="shard prefix"):
-        _cpp.plan_shards([("a", 1)], 10, "a/b")
+        _cpp.sharded.plan_shards([("a", 1)], 10, "a/b")
 
 
 def test_cli_commands_use_the_one_index_check(tmp_path, capsys):
     tensors = arrays()
-    _cpp.save_sharded(str(tmp_path), specs(tensors), 128)
+    _cpp.sharded.save_sharded(str(tmp_path), specs(tensors), 128)
     single = tmp_path / "single.safetensors"
     stnp.save_file(tensors, str(single))
     assert main(["diff", str(tmp_path / INDEX), str(single)]) == 0

@@ -64,14 +64,14 @@ def staged(monkeypatch: pytest.MonkeyPatch) -> Iterator[Dict[str, Any]]:
     monkeypatch.setattr(st_paddle._PaddleCopier, "copy", counting_copy)
     monkeypatch.setattr(_engine, "_free", counting_free)
     _engine._allocator_framework = None  # the next load installs the counting allocator
-    _engine._cpp.slab_pool_set_slab_bytes(SLAB)
+    _engine._cpp.engine.slab_pool_set_slab_bytes(SLAB)
     _engine.set_staging_capacity(4 * SLAB)
     try:
         yield counts
     finally:
         _engine.set_staging_capacity(256 << 20)
-        _engine._cpp.slab_pool_set_slab_bytes(8 << 20)
-        _engine._cpp.slab_pool_set_allocator()
+        _engine._cpp.engine.slab_pool_set_slab_bytes(8 << 20)
+        _engine._cpp.engine.slab_pool_set_allocator()
         _engine._allocator_framework = None  # the next load, of any framework, installs its own again
 
 

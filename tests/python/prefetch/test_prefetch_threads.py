@@ -51,7 +51,7 @@ def test_any_positive_count_loads_and_at_most_64_run(path, engine_threads, threa
             got = dict(loader)
     assert got.keys() == expected.keys() and all(torch.equal(got[n], expected[n]) for n in expected)
     assert engine_threads == [min(threads, 64)]
-    assert cpp.PREFETCH_MAX_THREADS == 64
+    assert cpp.engine.PREFETCH_MAX_THREADS == 64
 
 
 def test_the_engine_itself_takes_more_than_its_maximum(path):
@@ -62,7 +62,7 @@ def test_the_engine_itself_takes_more_than_its_maximum(path):
         expected = f.get_tensor("w0")
     for threads in (65, 2**32 - 1):
         got = torch.empty_like(expected)
-        loader = cpp.Prefetcher(file, [("w0", 0, expected.nbytes, got.data_ptr())], threads=threads)
+        loader = cpp.engine.Prefetcher(file, [("w0", 0, expected.nbytes, got.data_ptr())], threads=threads)
         try:
             assert loader.next(timeout=30).kind == "direct"
             assert loader.next(timeout=30).kind == "end"

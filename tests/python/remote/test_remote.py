@@ -282,7 +282,7 @@ def test_sharded_checkpoint_with_a_remote_index(seaweed_s3: SeaweedS3, tmp_path:
         weight_map.update({n: shard for n in members})
     index = json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}).encode()
     seaweed_s3.put_object(bucket, "ckpt/model.safetensors.index.json", index)
-    opened = _cpp.ShardedFile.open_index(f"s3://{bucket}/ckpt/model.safetensors.index.json", "pread")
+    opened = _cpp.sharded.ShardedFile.open_index(f"s3://{bucket}/ckpt/model.safetensors.index.json", "pread")
     assert [s.path for s in opened.shards] == [f"s3://{bucket}/ckpt/{s}" for s in sorted(shards)]
     assert sorted(opened.keys()) == names
 
