@@ -5,6 +5,8 @@
 #
 #   bash scripts/wheel.sh          # needs: Debian 12 as scripts/setup.sh leaves it (mmdebstrap), root, network
 #                                  # to PyPI and the Debian mirror; no compiler of the machine is used
+#   bash scripts/wheel.sh --tag ABI  # prints the Python-ABI pair of a wheel for ABI (cp311, cp314t, abi3):
+#                                  # cp311-cp311, cp314-cp314t, cp312-abi3 (stage 70-wheels finds wheels by it)
 #
 # How (README, "Wheels"):
 # - The wheels are built from the sdist (unpacked), as a user's `pip install` of the sdist would build.
@@ -28,6 +30,13 @@
 # emulated tests in stage 70-wheels).
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) fails the script too
+# The one rule for a wheel's tag pair: the Python tag has no t (cp314t -> cp314-cp314t); the stable-ABI build is
+# for 3.12 and later.
+tag_pair() { if [ "$1" = abi3 ]; then echo cp312-abi3; else echo "${1%t}-$1"; fi; }
+if [ "${1:-}" = --tag ]; then
+  tag_pair "$2"
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${SAFETENSORS_WHEEL_OUT:-$ROOT/dist}
@@ -175,12 +184,11 @@ for pass in "x86_64 base" "aarch64 base" "x86_64 ft"; do
       log "SKIPPED $arch cp${version/./}: no Python $version headers ($source)"
       continue
     fi
-    abi="cp${version/./}"  # cp314t for 3.14t: the ABI tag; the Python tag has no t
-    tag="${abi%t}-$abi"
+    tag=$(tag_pair "cp${version/./}")  # cp314t for 3.14t: the ABI tag
     module="_safetensors_cpp.cpython-${version/./}-$arch-linux-gnu.so"
     stable=OFF
     if [ "$kind" = abi3 ]; then
-      tag=cp312-abi3 module=_safetensors_cpp.abi3.so stable=ON
+      tag=$(tag_pair abi3) module=_safetensors_cpp.abi3.so stable=ON
     fi
     log "$arch $tag: building (headers: $source $version)"
     # The library and simdjson do not depend on the Python version: only the binding and nanobind rebuild.

@@ -178,8 +178,8 @@ check_wheel() {
 
 pyenv_prefix() { ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$1".* 2>/dev/null | sort -V | tail -n 1; }
 wheel_tag() {  # ARCH(x86_64|aarch64) ABI(cp311, cp314t, abi3) -> the built wheel's tag, or nothing
-  local w pair="${2%t}-$2"
-  [ "$2" = abi3 ] && pair=cp312-abi3
+  local w pair
+  pair=$(bash scripts/wheel.sh --tag "$2")
   w=$(ls "$DIST"/safetensors-*-"$pair"-*_"$1".whl 2>/dev/null | head -n 1) || true
   [ -n "$w" ] && basename "$w" .whl | cut -d- -f3-
 }
