@@ -4,6 +4,12 @@
 # of standard output (with --prefix, the interpreter's installation prefix: its headers, for the wheel scripts);
 # progress goes to standard error.
 #
+#   bash scripts/python-ft.sh [--prefix]          the interpreter of stage 55 and the wheels
+#   bash scripts/python-ft.sh --tsan [--prefix]   the same interpreter built with clang under ThreadSanitizer
+#                                                 (--with-thread-sanitizer), for stage 56: its venv has numpy
+#                                                 and the build and test tools only, and CPython's own TSan
+#                                                 suppressions are kept as PREFIX/tsan-suppressions.txt
+#
 # The interpreter is built from the upstream tarball of Debian's python3.14 source package (Debian 12 has none;
 # testing has). The package is pinned by version and the tarball by its SHA-256 (as the .dsc lists it) and both
 # are fetched from Debian's pool, not with `apt-get source`: the mirror this machine reaches serves the pool
@@ -16,6 +22,7 @@
 #   venv-3.14t-VERSION/      its venv: numpy, pytest, hypothesis, the build tools (nanobind, scikit-build-core),
 #                            and where they install, ml_dtypes and torch 2.13.0 (PyPI's cp314t wheel, the CUDA
 #                            build, with its nvidia-* dependencies, 4.8 GB in all); versions from constraints.txt
+#   cpython-3.14t-tsan-VERSION/, venv-3.14t-tsan-VERSION/   the ThreadSanitizer flavour (--tsan)
 #   pip/                     pip's cache: a rebuilt venv downloads nothing again
 # A stamp file in each marks it complete: a warm run checks the stamps and builds nothing, and asks no
 # package index anything. The venv's stamp holds the requirement list and constraints.txt's hash, so a
@@ -26,10 +33,6 @@ ROOT=$PWD
 CACHE=${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$CACHE"
-# One run at a time: scripts/test.sh starts one in the background early; stage 55's own run waits for it here,
-# then finds everything built.
-exec 9>"$CACHE/.lock"
-flock 9
 
 # Debian's python3.14 source package: its version and the SHA-256 of its upstream tarball.
 CPYTHON_DEBIAN=3.14.7-1
@@ -39,9 +42,31 @@ POOL=http://deb.debian.org/debian/pool/main/p/python3.14
 
 log() { printf '\033[1m[python-ft]\033[0m %s\n' "$*" >&2; }
 
+tsan=0 want_prefix=0
+for a in "$@"; do
+  case $a in
+    --tsan) tsan=1 ;;
+    --prefix) want_prefix=1 ;;
+    *) log "unknown argument $a"; exit 2 ;;
+  esac
+done
 version=$CPYTHON_VERSION
-prefix=$CACHE/cpython-3.14t-$version
+flavour=3.14t
+CONFIGURE=(--disable-gil)
+if ((tsan)); then
+  # clang, as stage 30's TSan build: the extension built for this interpreter must use the same TSan runtime.
+  flavour=3.14t-tsan
+  CONFIGURE+=(--with-thread-sanitizer CC=clang CXX=clang++)
+  # What this script runs on the instrumented interpreter (the build's own steps, ensurepip, pip) is not under
+  # test: TSan reports nothing and does not change its exit status. Stage 56 sets its own options.
+  export TSAN_OPTIONS="report_bugs=0 exitcode=0"
+fi
+prefix=$CACHE/cpython-$flavour-$version
 python=$prefix/bin/python3.14t
+# One run of each flavour at a time: scripts/test.sh starts both in the background early; a stage's own run waits
+# for its flavour here, then finds everything built.
+exec 9>"$CACHE/.lock-$flavour"
+flock 9
 if [ ! -f "$prefix/.complete" ]; then
   t0=$SECONDS
   BUILD_DEPS=(build-essential pkg-config dpkg-dev xz-utils libssl-dev zlib1g-dev libbz2-dev liblzma-dev
@@ -66,16 +91,17 @@ if [ ! -f "$prefix/.complete" ]; then
   done
   echo "$CPYTHON_ORIG_SHA256  $orig" | sha256sum -c --quiet -
   grep -q "$CPYTHON_ORIG_SHA256 .* python3.14_$version.orig.tar.xz" "$work/python3.14_$CPYTHON_DEBIAN.dsc"
-  log "building CPython $version --disable-gil into $prefix (from $(basename "$orig"))"
+  log "building CPython $version ${CONFIGURE[*]} into $prefix (from $(basename "$orig"))"
   tar -xJf "$orig" -C "$work"
   src=$(ls -d "$work"/Python-*/)
   rm -rf "$prefix"
   if ! (
     cd "$src"
-    ./configure --prefix="$prefix" --disable-gil --with-ensurepip=install --disable-test-modules \
+    ./configure --prefix="$prefix" "${CONFIGURE[@]}" --with-ensurepip=install --disable-test-modules \
       LDFLAGS="-Wl,-rpath,$prefix/lib"
     make -j "$JOBS"
     make install
+    if ((tsan)); then cp Tools/tsan/suppressions_free_threading.txt "$prefix/tsan-suppressions.txt"; fi
   ) >"$work/build.log" 2>&1; then
     tail -n 40 "$work/build.log" >&2
     log "the CPython build failed"
@@ -91,10 +117,12 @@ fi
 
 # The venv and its wheels. Wheels only: what has no cp314t wheel is not compiled here. Frameworks that fail to
 # install are left out and listed in the venv's `missing` file (their tests skip, naming why).
-VENV=$CACHE/venv-3.14t-$version
+VENV=$CACHE/venv-$flavour-$version
 REQS=(numpy pytest hypothesis nanobind scikit-build-core)
 OPTIONAL=(ml_dtypes)
 [ "${SAFETENSORS_FT_TORCH:-1}" = 1 ] && OPTIONAL+=(torch)
+# Under TSan: the stress test's numpy paths (torch's own threads, uninstrumented, would only add noise).
+if ((tsan)); then OPTIONAL=(); fi
 want="${REQS[*]} ${OPTIONAL[*]} $(sha256sum constraints.txt | cut -c1-16)"
 if [ "$(cat "$VENV/.complete" 2>/dev/null)" != "$want" ]; then
   t0=$SECONDS
@@ -114,4 +142,4 @@ if [ "$(cat "$VENV/.complete" 2>/dev/null)" != "$want" ]; then
   log "venv ready in $((SECONDS - t0)) s"
 fi
 "$VENV/bin/python" -c 'import sys; assert not sys._is_gil_enabled(), "the venv python has the GIL"'
-if [ "${1:-}" = --prefix ]; then echo "$prefix"; else echo "$VENV"; fi
+if ((want_prefix)); then echo "$prefix"; else echo "$VENV"; fi

@@ -25,8 +25,9 @@ ARGS=("$@")
 # The free-threaded CPython and its venv (scripts/python-ft.sh: minutes of compiling and a large download when
 # its cache is cold) are prepared in the background from now on, at the lowest priority, so they take the CPU
 # and network the stages before 55 leave idle (the Python suite uses less than one of the cores) rather than
-# time of their own; stage 55's own call waits for this one (a lock) and finds them ready. Its log:
-# build/python-ft.log. (Nice 15: ahead of the wheels below for the idle CPU, as it is needed first.)
+# time of their own; stage 55's own call waits for this one (a lock) and finds them ready. Then the same for the
+# ThreadSanitizer build stage 56 uses. Its log: build/python-ft.log. (Nice 15: ahead of the wheels below for the
+# idle CPU, as it is needed first.)
 background=()  # process groups started here, stopped when this script exits
 trap 'for g in "${background[@]}"; do kill -- -"$g" 2>/dev/null || true; done' EXIT
 mkdir -p build
@@ -41,8 +42,9 @@ start_background() {  # NICE LOG COMMAND...
     >"$log" 2>&1 &
   background+=($!)
 }
-if selected 55-free-threaded; then
-  start_background 15 build/python-ft.log bash scripts/python-ft.sh
+if selected 55-free-threaded || selected 56-tsan-free-threaded; then
+  # Both interpreters, one after the other (stage 56's is the ThreadSanitizer build of the same one).
+  start_background 15 build/python-ft.log bash -c 'bash scripts/python-ft.sh; bash scripts/python-ft.sh --tsan'
 fi
 
 # The wheels stage (zig cross-compiles, Debian roots downloaded and tested under chroot and qemu: CPU and

@@ -1,10 +1,10 @@
-# The Python package: a wheel builds (and holds the native module, its stub and the CLI entry point), then
+# The Python package: a wheel builds (and holds the native module, its stubs and the CLI entry point), then
 # its tests run (pytest + hypothesis), including the differential suites against the reference in .ref.
 set -euo pipefail
 cd "$ROOT"
 rm -rf build/wheel
 python -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w build/wheel . 2>&1 \
-  | grep -v "^WARNING: Location" || true
+  | { grep -v "^WARNING: Location" || true; }
 wheel=$(ls build/wheel/safetensors-*.whl)
 python - "$wheel" <<'PY'
 import sys, zipfile

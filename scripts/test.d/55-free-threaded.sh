@@ -16,7 +16,7 @@ PY=$VENV/bin/python
 # The package, built with the venv's pinned nanobind and scikit-build-core (cmake and ninja: the development
 # venv's, on PATH); the build tree build/py-<tag> is kept between runs.
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps . 2>&1 \
-  | grep -v "^WARNING: Location" || true
+  | { grep -v "^WARNING: Location" || true; }
 "$PY" - <<'PY'
 import sys, sysconfig
 import safetensors._safetensors_cpp as cpp
