@@ -9,12 +9,14 @@
 #                                                 (--with-thread-sanitizer), for stage 56: its venv has numpy
 #                                                 and the build and test tools only, and CPython's own TSan
 #                                                 suppressions are kept as PREFIX/tsan-suppressions.txt
+#   bash scripts/python-ft.sh --version 3.13 [--prefix]   CPython 3.13t, for the cp313t wheel (its venv:
+#                                                 numpy only)
 #
-# The interpreter is built from the upstream tarball of Debian's python3.14 source package (Debian 12 has none;
-# testing has). The package is pinned by version and the tarball by its SHA-256 (as the .dsc lists it) and both
-# are fetched from Debian's pool, not with `apt-get source`: the mirror this machine reaches serves the pool
-# without the source files of the version that testing's current Sources index names (a 404), and a pin does
-# not move with testing. Debian's patches are not applied: they change install schemes for Debian's own
+# The interpreter is built from the upstream tarball of Debian's python3.X source package (Debian 12 has none;
+# 3.13 from Debian 13's, 3.14 from testing's). The package is pinned by version and the tarball by its SHA-256
+# (as the .dsc lists it) and both are fetched from Debian's pool, not with `apt-get source`: the mirror this
+# machine reaches serves the pool without the source files of the version that testing's current Sources index
+# names (a 404), and a pin does not move with its release. Debian's patches are not applied: they change install schemes for Debian's own
 # layout, and this build lives in a prefix of its own.
 #
 # Everything is cached outside the repository, in ${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}:
@@ -23,6 +25,7 @@
 #                            and where they install, ml_dtypes and torch 2.13.0 (PyPI's cp314t wheel, the CUDA
 #                            build, with its nvidia-* dependencies, 4.8 GB in all); versions from constraints.txt
 #   cpython-3.14t-tsan-VERSION/, venv-3.14t-tsan-VERSION/   the ThreadSanitizer flavour (--tsan)
+#   cpython-3.13t-VERSION/, venv-3.13t-VERSION/             3.13t (--version 3.13)
 #   pip/                     pip's cache: a rebuilt venv downloads nothing again
 # A stamp file in each marks it complete: a warm run checks the stamps and builds nothing, and asks no
 # package index anything. The venv's stamp holds the requirement list and constraints.txt's hash, so a
@@ -34,24 +37,31 @@ CACHE=${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$CACHE"
 
-# Debian's python3.14 source package: its version and the SHA-256 of its upstream tarball.
-CPYTHON_DEBIAN=3.14.7-1
-CPYTHON_VERSION=${CPYTHON_DEBIAN%-*}
-CPYTHON_ORIG_SHA256=3b48dac8fb59f62eaa67ac83c1eb12bda1b7a08406dd286e252c11a66be27f81
-POOL=http://deb.debian.org/debian/pool/main/p/python3.14
-
 log() { printf '\033[1m[python-ft]\033[0m %s\n' "$*" >&2; }
 
-tsan=0 want_prefix=0
-for a in "$@"; do
-  case $a in
+tsan=0 want_prefix=0 minor=3.14
+while (($#)); do
+  case $1 in
     --tsan) tsan=1 ;;
     --prefix) want_prefix=1 ;;
-    *) log "unknown argument $a"; exit 2 ;;
+    --version) minor=$2; shift ;;
+    *) log "unknown argument $1"; exit 2 ;;
   esac
+  shift
 done
-version=$CPYTHON_VERSION
-flavour=3.14t
+# Debian's python3.X source package: its version and the SHA-256 of its upstream tarball (as its .dsc lists it).
+case $minor in
+  3.14) CPYTHON_DEBIAN=3.14.7-1
+        CPYTHON_ORIG_SHA256=3b48dac8fb59f62eaa67ac83c1eb12bda1b7a08406dd286e252c11a66be27f81 ;;
+  3.13) CPYTHON_DEBIAN=3.13.5-2+deb13u5
+        CPYTHON_ORIG_SHA256=93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640 ;;
+  *) log "no free-threaded CPython $minor here (3.13, 3.14)"; exit 2 ;;
+esac
+((tsan)) && [ "$minor" != 3.14 ] && { log "--tsan is for 3.14"; exit 2; }
+PACKAGE=python$minor
+POOL=http://deb.debian.org/debian/pool/main/p/$PACKAGE
+version=${CPYTHON_DEBIAN%-*}
+flavour=${minor}t
 CONFIGURE=(--disable-gil)
 if ((tsan)); then
   # clang, as stage 30's TSan build: the extension built for this interpreter must use the same TSan runtime.
@@ -62,7 +72,7 @@ if ((tsan)); then
   export TSAN_OPTIONS="report_bugs=0 exitcode=0"
 fi
 prefix=$CACHE/cpython-$flavour-$version
-python=$prefix/bin/python3.14t
+python=$prefix/bin/python$flavour
 # One run of each flavour at a time: scripts/test.sh starts both in the background early; a stage's own run waits
 # for its flavour here, then finds everything built.
 exec 9>"$CACHE/.lock-$flavour"
@@ -84,13 +94,13 @@ if [ ! -f "$prefix/.complete" ]; then
   fi
   work=$(mktemp -d "$CACHE/src.XXXXXX")
   trap 'rm -rf "$work"' EXIT
-  orig=$work/python3.14_$version.orig.tar.xz
-  log "downloading Debian's python3.14 $CPYTHON_DEBIAN source package"
-  for f in "python3.14_$CPYTHON_DEBIAN.dsc" "python3.14_$version.orig.tar.xz"; do
+  orig=$work/${PACKAGE}_$version.orig.tar.xz
+  log "downloading Debian's $PACKAGE $CPYTHON_DEBIAN source package"
+  for f in "${PACKAGE}_$CPYTHON_DEBIAN.dsc" "${PACKAGE}_$version.orig.tar.xz"; do
     curl -fsS --retry 3 -o "$work/$f" "$POOL/$f"
   done
   echo "$CPYTHON_ORIG_SHA256  $orig" | sha256sum -c --quiet -
-  grep -q "$CPYTHON_ORIG_SHA256 .* python3.14_$version.orig.tar.xz" "$work/python3.14_$CPYTHON_DEBIAN.dsc"
+  grep -q "$CPYTHON_ORIG_SHA256 .* ${PACKAGE}_$version.orig.tar.xz" "$work/${PACKAGE}_$CPYTHON_DEBIAN.dsc"
   log "building CPython $version ${CONFIGURE[*]} into $prefix (from $(basename "$orig"))"
   tar -xJf "$orig" -C "$work"
   src=$(ls -d "$work"/Python-*/)
@@ -108,21 +118,23 @@ if [ ! -f "$prefix/.complete" ]; then
     exit 1
   fi
   "$python" -c 'import sys; assert not sys._is_gil_enabled()' || {
-    log "the build did not give a free-threaded python3.14t"; exit 1; }
+    log "the build did not give a free-threaded python$flavour"; exit 1; }
   touch "$prefix/.complete"
   rm -rf "$work"
   trap - EXIT
   log "CPython $version built in $((SECONDS - t0)) s"
 fi
 
-# The venv and its wheels. Wheels only: what has no cp314t wheel is not compiled here. Frameworks that fail to
+# The venv and its wheels. Wheels only: what has no free-threaded wheel is not compiled here. Frameworks that fail to
 # install are left out and listed in the venv's `missing` file (their tests skip, naming why).
 VENV=$CACHE/venv-$flavour-$version
 REQS=(numpy pytest hypothesis nanobind scikit-build-core)
 OPTIONAL=(ml_dtypes)
 [ "${SAFETENSORS_FT_TORCH:-1}" = 1 ] && OPTIONAL+=(torch)
-# Under TSan: the stress test's numpy paths (torch's own threads, uninstrumented, would only add noise).
+# Under TSan: the stress test's numpy paths (torch's own threads, uninstrumented, would only add noise). 3.13t
+# serves the wheel check only.
 if ((tsan)); then OPTIONAL=(); fi
+if [ "$minor" = 3.13 ]; then REQS=(numpy) OPTIONAL=(); fi
 want="${REQS[*]} ${OPTIONAL[*]} $(sha256sum constraints.txt | cut -c1-16)"
 if [ "$(cat "$VENV/.complete" 2>/dev/null)" != "$want" ]; then
   t0=$SECONDS

@@ -19,9 +19,10 @@
 #   date, so that date is not checked there; its signature is);
 #   3.10 and 3.12, which no Debian release ships, from this machine's pyenv builds, for x86_64 only (no aarch64
 #   headers of them are available here). A version whose headers are missing is skipped with a note.
-#   3.14t (free-threaded, the cp314-cp314t wheel, x86_64): from the free-threaded CPython scripts/python-ft.sh
-#   builds from Debian's python3.14 source (cached; stage 55 tests with it); no Debian release ships 3.13t or
-#   3.14t for either architecture, so there are no cp313t or aarch64 cp314t wheels.
+#   3.13t and 3.14t (free-threaded, the cp313-cp313t and cp314-cp314t wheels, x86_64): from the free-threaded
+#   CPythons scripts/python-ft.sh builds from Debian's python3.13 and python3.14 sources (cached; stage 55 tests
+#   with 3.14t). No release ships a free-threaded Python for either architecture, and none for aarch64 is built
+#   here (it would be cross-built, and its wheel tested under qemu), so there are no aarch64 t wheels.
 # - The module is built once per architecture, then re-linked per Python version: only the binding and
 #   nanobind depend on the version (one CMake build tree per architecture, reconfigured per version).
 # JOBS (default 2) sets the build's parallelism. SAFETENSORS_WHEEL_MATRIX=all (the default) builds every wheel of
@@ -57,6 +58,7 @@ TARGETS=(
   "x86_64 3.12 pyenv"
   "x86_64 3.13 trixie"
   "x86_64 3.14 forky"
+  "x86_64 3.13t ft"
   "x86_64 3.14t ft"
   "aarch64 3.11 bookworm"
   "aarch64 3.13 trixie"
@@ -117,7 +119,7 @@ headers() {  # ARCH VERSION SOURCE -> prints the include directory, or nothing w
     mkdir -p "$(dirname "$dir")"
     if [ "$source" = ft ]; then
       local prefix
-      prefix=$(bash scripts/python-ft.sh --prefix | tail -n 1)
+      prefix=$(bash scripts/python-ft.sh --version "${version%t}" --prefix | tail -n 1)
       cp -r "$prefix/include/python$version" "$dir"
     elif [ "$source" = pyenv ]; then
       local prefix

@@ -213,13 +213,15 @@ for arch in x86_64 aarch64; do
       --check 'import safetensors._safetensors_cpp as m; assert m.__file__.endswith(".abi3.so"), m.__file__'
   fi
 done
-# The free-threaded wheel, with the free-threaded CPython it was built for (scripts/python-ft.sh, read-only):
-# pip takes cp314t, and the GIL stays off after importing the package and its numpy module.
-if tag=$(wheel_tag x86_64 cp314t); then
-  prefix=$(bash scripts/python-ft.sh --prefix | tail -n 1)
-  check_wheel bookworm-pypi amd64 python3.14t "$tag" --pyenv "$prefix" \
-    --check 'import sys, safetensors.numpy; assert not sys._is_gil_enabled(), "the GIL came back on"'
-fi
+# The free-threaded wheels, each with the free-threaded CPython it was built for (scripts/python-ft.sh,
+# read-only): pip takes cp313t / cp314t, and the GIL stays off after importing the package and its numpy module.
+for minor in 3.13 3.14; do
+  if tag=$(wheel_tag x86_64 "cp${minor/./}t"); then
+    prefix=$(bash scripts/python-ft.sh --version "$minor" --prefix | tail -n 1)
+    check_wheel bookworm-pypi amd64 "python${minor}t" "$tag" --pyenv "$prefix" \
+      --check 'import sys, safetensors.numpy; assert not sys._is_gil_enabled(), "the GIL came back on"'
+  fi
+done
 
 if [ "$MATRIX" = ci ]; then
   summary+=("(SAFETENSORS_WHEEL_MATRIX=ci: the other aarch64 wheels and the sdist build left out; =all runs them)")
