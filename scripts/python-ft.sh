@@ -22,7 +22,7 @@
 # Everything is cached outside the repository, in ${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}:
 #   cpython-3.14t-VERSION/   the interpreter (./configure --disable-gil, no PGO or LTO: build time)
 #   venv-3.14t-VERSION/      its venv: numpy, pytest, hypothesis, the build tools (nanobind, scikit-build-core),
-#                            and where they install, ml_dtypes and torch 2.13.0 (PyPI's cp314t wheel, the CUDA
+#                            and where they install, ml_dtypes, mfusepy and torch 2.13.0 (PyPI's cp314t wheel, the CUDA
 #                            build, with its nvidia-* dependencies, 4.8 GB in all); versions from constraints.txt
 #   cpython-3.14t-tsan-VERSION/, venv-3.14t-tsan-VERSION/   the ThreadSanitizer flavour (--tsan)
 #   cpython-3.13t-VERSION/, venv-3.13t-VERSION/             3.13t (--version 3.13)
@@ -129,7 +129,7 @@ fi
 # install are left out and listed in the venv's `missing` file (their tests skip, naming why).
 VENV=$CACHE/venv-$flavour-$version
 REQS=(numpy pytest hypothesis nanobind scikit-build-core)
-OPTIONAL=(ml_dtypes)
+OPTIONAL=(ml_dtypes mfusepy)  # mfusepy: the FUSE test filesystem (tests/python/faultfs.py)
 [ "${SAFETENSORS_FT_TORCH:-1}" = 1 ] && OPTIONAL+=(torch)
 # Under TSan: the stress test's numpy paths (torch's own threads, uninstrumented, would only add noise). 3.13t
 # serves the wheel check only.
