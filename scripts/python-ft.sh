@@ -4,7 +4,7 @@
 # of standard output (with --prefix, the interpreter's installation prefix: its headers, for the wheel scripts);
 # progress goes to standard error.
 #
-#   bash scripts/python-ft.sh [--prefix]          the interpreter of stage 55 and the wheels
+#   bash scripts/python-ft.sh [--prefix]          the interpreter of stage 55 and the cp314t wheel
 #   bash scripts/python-ft.sh --tsan [--prefix]   the same interpreter built with clang under ThreadSanitizer
 #                                                 (--with-thread-sanitizer), for stage 56: its venv has numpy
 #                                                 and the build and test tools only, and CPython's own TSan
@@ -16,14 +16,15 @@
 # 3.13 from Debian 13's, 3.14 from testing's). The package is pinned by version and the tarball by its SHA-256
 # (as the .dsc lists it) and both are fetched from Debian's pool, not with `apt-get source`: the mirror this
 # machine reaches serves the pool without the source files of the version that testing's current Sources index
-# names (a 404), and a pin does not move with its release. Debian's patches are not applied: they change install schemes for Debian's own
-# layout, and this build lives in a prefix of its own.
+# names (a 404), and a pin does not move with its release. Debian's patches are not applied: they change install
+# schemes for Debian's own layout, and this build lives in a prefix of its own.
 #
 # Everything is cached outside the repository, in ${SAFETENSORS_FT_CACHE:-/var/cache/safetensors-ft}:
 #   cpython-3.14t-VERSION/   the interpreter (./configure --disable-gil, no PGO or LTO: build time)
 #   venv-3.14t-VERSION/      its venv: numpy, pytest, hypothesis, the build tools (nanobind, scikit-build-core),
-#                            and where they install, ml_dtypes, mfusepy and torch 2.13.0 (PyPI's cp314t wheel, the CUDA
-#                            build, with its nvidia-* dependencies, 4.8 GB in all); versions from constraints.txt
+#                            and where they install, ml_dtypes, mfusepy and torch 2.13.0 (PyPI's cp314t wheel,
+#                            the CUDA build, with its nvidia-* dependencies, 4.8 GB in all); versions from
+#                            constraints.txt
 #   cpython-3.14t-tsan-VERSION/, venv-3.14t-tsan-VERSION/   the ThreadSanitizer flavour (--tsan)
 #   cpython-3.13t-VERSION/, venv-3.13t-VERSION/             3.13t (--version 3.13)
 #   pip/                     pip's cache: a rebuilt venv downloads nothing again
@@ -72,9 +73,9 @@ if ((tsan)); then
   export TSAN_OPTIONS="report_bugs=0 exitcode=0"
 fi
 prefix=$CACHE/cpython-$flavour-$version
-python=$prefix/bin/python$flavour
-# One run of each flavour at a time: scripts/test.sh starts both in the background early; a stage's own run waits
-# for its flavour here, then finds everything built.
+python=$prefix/bin/python${minor}t
+# One run of each flavour at a time: scripts/test.sh starts two in the background early; a stage's own run
+# waits for its flavour here, then finds everything built.
 exec 9>"$CACHE/.lock-$flavour"
 flock 9
 if [ ! -f "$prefix/.complete" ]; then
@@ -125,8 +126,8 @@ if [ ! -f "$prefix/.complete" ]; then
   log "CPython $version built in $((SECONDS - t0)) s"
 fi
 
-# The venv and its wheels. Wheels only: what has no free-threaded wheel is not compiled here. Frameworks that fail to
-# install are left out and listed in the venv's `missing` file (their tests skip, naming why).
+# The venv and its wheels. Wheels only: what has no free-threaded wheel is not compiled here. Frameworks that fail
+# to install are left out and listed in the venv's `missing` file (their tests skip, naming why).
 VENV=$CACHE/venv-$flavour-$version
 REQS=(numpy pytest hypothesis nanobind scikit-build-core)
 OPTIONAL=(ml_dtypes mfusepy)  # mfusepy: the FUSE test filesystem (tests/python/faultfs.py)
