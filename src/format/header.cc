@@ -11,6 +11,7 @@
 
 #include "util/checked.h"
 #include "util/quote.h"
+#include "util/thread_cache.h"
 
 namespace safetensors::internal {
 namespace {
@@ -28,13 +29,17 @@ char* header_buffer(std::size_t size, std::unique_ptr<char[]>* own) {
     *own = std::make_unique_for_overwrite<char[]>(size);
     return own->get();
   }
-  thread_local std::unique_ptr<char[]> reused;
-  thread_local std::size_t capacity = 0;
-  if (capacity < size) {
-    reused = std::make_unique_for_overwrite<char[]>(size);
-    capacity = size;
+  struct Reused {
+    std::unique_ptr<char[]> buffer;
+    std::size_t capacity = 0;
+  };
+  static ThreadCache<Reused> cache;
+  Reused& reused = cache.get();
+  if (reused.capacity < size) {
+    reused.buffer = std::make_unique_for_overwrite<char[]>(size);
+    reused.capacity = size;
   }
-  return reused.get();
+  return reused.buffer.get();
 }
 
 using simdjson::dom::element;
@@ -282,9 +287,9 @@ Result<ParsedHeader> parse_header_json(std::string_view json, std::uint64_t data
   if (respelled) json = std::string_view(respelled.get(), respelled_size);
   // A parser keeps its buffers (about 10x the header) between parses: reuse one per thread for ordinary
   // headers (kReusedLimit).
-  thread_local simdjson::dom::parser reused;
+  static ThreadCache<simdjson::dom::parser> reused;
   std::optional<simdjson::dom::parser> own;
-  simdjson::dom::parser& dom = json.size() <= kReusedLimit ? reused : own.emplace();
+  simdjson::dom::parser& dom = json.size() <= kReusedLimit ? reused.get() : own.emplace();
   element root;
   if (auto err = dom.parse(json.data(), json.size(), /*realloc_if_needed=*/false).get(root)) {
     return refused(simdjson::error_message(err));
