@@ -11,6 +11,9 @@
 #                                                 suppressions are kept as PREFIX/tsan-suppressions.txt
 #   bash scripts/python-ft.sh --version 3.13 [--prefix]   CPython 3.13t, for the cp313t wheel (its venv:
 #                                                 numpy only)
+#   bash scripts/python-ft.sh --arch aarch64 [--version 3.13] --prefix   the same CPython cross-built for aarch64
+#                                                 (no venv here: it runs under qemu only), for the aarch64
+#                                                 cp314t/cp313t wheels and their test in a Debian 12 arm64 root
 #
 # The interpreter is built from the upstream tarball of Debian's python3.X source package (Debian 12 has none;
 # 3.13 from Debian 13's, 3.14 from testing's). The package is pinned by version and the tarball by its SHA-256
@@ -27,6 +30,9 @@
 #                            constraints.txt
 #   cpython-3.14t-tsan-VERSION/, venv-3.14t-tsan-VERSION/   the ThreadSanitizer flavour (--tsan)
 #   cpython-3.13t-VERSION/, venv-3.13t-VERSION/             3.13t (--version 3.13)
+#   cpython-3.1Xt-aarch64-VERSION/, sysroot-arm64-bookworm/  the aarch64 cross build (--arch aarch64; the build
+#                            Python is the x86_64 one of the same version) and the Debian 12 arm64 libraries it
+#                            is built against, those of the root it is tested in (unpacked by mmdebstrap)
 #   pip/                     pip's cache: a rebuilt venv downloads nothing again
 # A stamp file in each marks it complete: a warm run checks the stamps and builds nothing, and asks no
 # package index anything. The venv's stamp holds the requirement list and constraints.txt's hash, so a
@@ -40,12 +46,13 @@ mkdir -p "$CACHE"
 
 log() { printf '\033[1m[python-ft]\033[0m %s\n' "$*" >&2; }
 
-tsan=0 want_prefix=0 minor=3.14
+tsan=0 want_prefix=0 minor=3.14 arch=x86_64
 while (($#)); do
   case $1 in
     --tsan) tsan=1 ;;
     --prefix) want_prefix=1 ;;
     --version) minor=$2; shift ;;
+    --arch) arch=$2; shift ;;
     *) log "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -59,6 +66,11 @@ case $minor in
   *) log "no free-threaded CPython $minor here (3.13, 3.14)"; exit 2 ;;
 esac
 ((tsan)) && [ "$minor" != 3.14 ] && { log "--tsan is for 3.14"; exit 2; }
+case $arch in
+  x86_64) ;;
+  aarch64) ((want_prefix && !tsan)) || { log "--arch aarch64 builds an interpreter only: --prefix, no --tsan"; exit 2; } ;;
+  *) log "no free-threaded CPython for $arch here (x86_64, aarch64)"; exit 2 ;;
+esac
 PACKAGE=python$minor
 POOL=http://deb.debian.org/debian/pool/main/p/$PACKAGE
 version=${CPYTHON_DEBIAN%-*}
@@ -72,6 +84,21 @@ if ((tsan)); then
   # test: TSan reports nothing and does not change its exit status. Stage 56 sets its own options.
   export TSAN_OPTIONS="report_bugs=0 exitcode=0"
 fi
+if [ "$arch" = aarch64 ]; then
+  flavour=${minor}t-aarch64
+  build_python=$(bash scripts/python-ft.sh --version "$minor" --prefix | tail -n 1)/bin/python${minor}t
+  SYSROOT=$CACHE/sysroot-arm64-bookworm
+  SYSROOT_PACKAGES=libc6-dev,zlib1g-dev,libffi-dev,libssl-dev,libbz2-dev,liblzma-dev,libsqlite3-dev,uuid-dev
+  SYSROOT_STAMP="$SYSROOT_PACKAGES, relative links"
+  # Debian's cross compiler with the sysroot's headers and libraries (its multiarch directories); pkg-config
+  # looks only there. /dev/ptmx, /dev/ptc and getaddrinfo cannot be probed for another machine: the answers
+  # for Linux.
+  CONFIGURE+=(--host=aarch64-linux-gnu --build=x86_64-linux-gnu --with-build-python="$build_python"
+              CC="aarch64-linux-gnu-gcc --sysroot=$SYSROOT"
+              ac_cv_file__dev_ptmx=yes ac_cv_file__dev_ptc=no ac_cv_buggy_getaddrinfo=no)
+  export PKG_CONFIG_LIBDIR=$SYSROOT/usr/lib/aarch64-linux-gnu/pkgconfig:$SYSROOT/usr/share/pkgconfig
+  export PKG_CONFIG_SYSROOT_DIR=$SYSROOT
+fi
 prefix=$CACHE/cpython-$flavour-$version
 python=$prefix/bin/python${minor}t
 # One run of each flavour at a time: scripts/test.sh starts two in the background early; a stage's own run
@@ -83,6 +110,7 @@ if [ ! -f "$prefix/.complete" ]; then
   BUILD_DEPS=(build-essential pkg-config dpkg-dev xz-utils libssl-dev zlib1g-dev libbz2-dev liblzma-dev
               libffi-dev libsqlite3-dev libreadline-dev libncurses-dev libgdbm-dev uuid-dev libzstd-dev
               libexpat1-dev)
+  [ "$arch" = aarch64 ] && BUILD_DEPS+=(gcc-aarch64-linux-gnu qemu-user-static mmdebstrap)
   missing=()
   for p in "${BUILD_DEPS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -102,29 +130,47 @@ if [ ! -f "$prefix/.complete" ]; then
   done
   echo "$CPYTHON_ORIG_SHA256  $orig" | sha256sum -c --quiet -
   grep -q "$CPYTHON_ORIG_SHA256 .* ${PACKAGE}_$version.orig.tar.xz" "$work/${PACKAGE}_$CPYTHON_DEBIAN.dsc"
+  if [ "$arch" = aarch64 ] && [ "$(cat "$SYSROOT/.complete" 2>/dev/null)" != "$SYSROOT_STAMP" ]; then
+    log "unpacking Debian 12 arm64 ($SYSROOT_PACKAGES) into $SYSROOT"
+    rm -rf "$SYSROOT"
+    mmdebstrap --quiet --variant=extract --arch=arm64 --mode=root --include="$SYSROOT_PACKAGES" \
+      --aptopt='Acquire::Languages "none"' bookworm "$SYSROOT" http://deb.debian.org/debian >&2
+    # Absolute links (libm.so -> /lib/aarch64-linux-gnu/libm.so.6) would name this machine's files: made
+    # relative, inside the sysroot (else the linker silently takes libm.a and links libm's code statically).
+    find "$SYSROOT/usr" "$SYSROOT/lib" -type l -lname '/*' | while read -r link; do
+      ln -sfr "$SYSROOT$(readlink "$link")" "$link"
+    done
+    echo "$SYSROOT_STAMP" >"$SYSROOT/.complete"
+  fi
   log "building CPython $version ${CONFIGURE[*]} into $prefix (from $(basename "$orig"))"
   tar -xJf "$orig" -C "$work"
   src=$(ls -d "$work"/Python-*/)
   rm -rf "$prefix"
+  # (Each step chained: errexit does not apply inside an `if` condition.)
   if ! (
-    cd "$src"
-    ./configure --prefix="$prefix" "${CONFIGURE[@]}" --with-ensurepip=install --disable-test-modules \
-      LDFLAGS="-Wl,-rpath,$prefix/lib"
-    make -j "$JOBS"
-    make install
+    cd "$src" &&
+    # A cross build cannot run its own pip: the aarch64 root bootstraps pip from the bundled wheel.
+    ./configure --prefix="$prefix" "${CONFIGURE[@]}" --disable-test-modules \
+      --with-ensurepip="$([ "$arch" = aarch64 ] && echo no || echo install)" LDFLAGS="-Wl,-rpath,$prefix/lib" &&
+    make -j "$JOBS" &&
+    make install &&
     if ((tsan)); then cp Tools/tsan/suppressions_free_threading.txt "$prefix/tsan-suppressions.txt"; fi
   ) >"$work/build.log" 2>&1; then
     tail -n 40 "$work/build.log" >&2
     log "the CPython build failed"
     exit 1
   fi
-  "$python" -c 'import sys; assert not sys._is_gil_enabled()' || {
-    log "the build did not give a free-threaded python$flavour"; exit 1; }
+  run_python=("$python")
+  [ "$arch" = aarch64 ] && run_python=(qemu-aarch64-static -L "$SYSROOT" "$python")
+  "${run_python[@]}" -c 'import sys, math, ssl, zlib, ctypes; assert not sys._is_gil_enabled()' || {
+    log "the build did not give a free-threaded python$flavour with math, ssl, zlib and ctypes"; exit 1; }
   touch "$prefix/.complete"
   rm -rf "$work"
   trap - EXIT
   log "CPython $version built in $((SECONDS - t0)) s"
 fi
+
+if [ "$arch" = aarch64 ]; then echo "$prefix"; exit 0; fi
 
 # The venv and its wheels. Wheels only: what has no free-threaded wheel is not compiled here. Frameworks that fail
 # to install are left out and listed in the venv's `missing` file (their tests skip, naming why).

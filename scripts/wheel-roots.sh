@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Unpacks the bare systems the wheel stage (scripts/test.d/70-wheels.sh) installs each wheel into: Debian roots
 # with a Python, pip, and the distribution's numpy, pytest and hypothesis (ml_dtypes where Debian has it), and
-# nothing of this project, for x86_64 (amd64) and aarch64 (arm64, run under qemu-aarch64-static). Each is
-# unpacked by mmdebstrap's extract variant (no maintainer script runs, nothing is emulated), then given what
-# those scripts or the host would have provided: the CA bundle and resolver of this machine, so that pip there
-# reaches PyPI, and for arm64 the static qemu the stage runs it with.
+# nothing of this project, for x86_64 (amd64) and, run under qemu-user (qemu-ARCH-static), aarch64 (arm64), s390x
+# and ppc64le (ppc64el). Each is unpacked by mmdebstrap's extract variant (no maintainer script runs, nothing is
+# emulated), then given what those scripts or the host would have provided: the CA bundle and resolver of this
+# machine, so that pip there reaches PyPI, and for an emulated architecture the static qemu the stage runs it
+# with.
 #
 #   bash scripts/wheel-roots.sh DIR SUITE ARCH   -> DIR/SUITE-ARCH (a second run with the same list does nothing)
 #
 # Suites: bookworm (Debian 12: Python 3.11, glibc 2.36, the oldest glibc with a Python the wheels are for),
 # trixie (Debian 13: Python 3.13), forky (testing: Python 3.14). forky moves, so what it holds can change.
 set -euo pipefail
+source "$(dirname "$0")/arches.sh"
 DIR=$1 NAME=$2 SUITE=$2 ARCH=$3
 MIRROR=http://deb.debian.org/debian
 # dash: /bin/sh, which every real system has (pip's build runs ninja, which runs commands through it).
@@ -48,8 +50,9 @@ chmod 1777 "$ROOT_DIR/tmp"
 cp /etc/ssl/certs/ca-certificates.crt "$ROOT_DIR/etc/ssl/certs/"
 cp -L /etc/resolv.conf "$ROOT_DIR/etc/resolv.conf"
 # The alternatives a maintainer script would have set up: numpy's BLAS and LAPACK.
-triplet=$(case $ARCH in amd64) echo x86_64-linux-gnu ;; arm64) echo aarch64-linux-gnu ;; esac)
+triplet=$(arch_triplet "$(arch_of "$ARCH")")
 ln -sf blas/libblas.so.3 "$ROOT_DIR/usr/lib/$triplet/libblas.so.3"
 ln -sf lapack/liblapack.so.3 "$ROOT_DIR/usr/lib/$triplet/liblapack.so.3"
-if [ "$ARCH" = arm64 ]; then cp /usr/bin/qemu-aarch64-static "$ROOT_DIR/usr/bin/"; fi
+emulator=$(arch_qemu "$ARCH")
+if [ -n "$emulator" ]; then cp "/usr/bin/$emulator" "$ROOT_DIR/usr/bin/"; fi
 echo "$STAMP" >"$ROOT_DIR/.safetensors-root"

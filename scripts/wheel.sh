@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the sdist and self-contained binary wheels of the Python package into dist/ (or $SAFETENSORS_WHEEL_OUT):
-# Linux x86_64 and aarch64, one wheel per CPython version, each tagged with the oldest manylinux policy that
-# `auditwheel show` finds it satisfies (dist/auditwheel-show.txt keeps what it said).
+# Linux x86_64, aarch64, s390x and ppc64le, one wheel per CPython version, each tagged with the manylinux policy
+# that `auditwheel show` finds it satisfies, which must be manylinux_2_17 (dist/auditwheel-show.txt keeps what it
+# said).
 #
 #   bash scripts/wheel.sh          # needs: Debian 12 as scripts/setup.sh leaves it (mmdebstrap), root, network
 #                                  # to PyPI and the Debian mirror; no compiler of the machine is used
@@ -10,8 +11,8 @@
 #
 # How (README, "Wheels"):
 # - The wheels are built from the sdist (unpacked), as a user's `pip install` of the sdist would build.
-# - Compiler: zig's clang (PyPI `ziglang`) targeting glibc 2.17 (manylinux2014) for both architectures, so
-#   aarch64 is cross-built here and nothing runs under emulation. zig links its own libc++ statically.
+# - Compiler: zig's clang (PyPI `ziglang`) targeting glibc 2.17 (manylinux2014) for every architecture, so the
+#   others are cross-built here and nothing runs under emulation. zig links its own libc++ statically.
 # - simdjson: built from Debian's source package of the version Debian 12 ships (the one the development build
 #   links), its single-header amalgamation compiled into the module (cmake/SafetensorsSimdjson.cmake).
 # - Python headers: each Debian release's libpython3.X-dev, unpacked (never installed) for each architecture
@@ -19,10 +20,10 @@
 #   date, so that date is not checked there; its signature is);
 #   3.10 and 3.12, which no Debian release ships, from this machine's pyenv builds, for x86_64 only (no aarch64
 #   headers of them are available here). A version whose headers are missing is skipped with a note.
-#   3.13t and 3.14t (free-threaded, the cp313-cp313t and cp314-cp314t wheels, x86_64): from the free-threaded
-#   CPythons scripts/python-ft.sh builds from Debian's python3.13 and python3.14 sources (cached; stage 55 tests
-#   with 3.14t). No release ships a free-threaded Python for either architecture, and none for aarch64 is built
-#   here (it would be cross-built, and its wheel tested under qemu), so there are no aarch64 t wheels.
+#   3.13t and 3.14t (free-threaded, the cp313-cp313t and cp314-cp314t wheels): from the free-threaded CPythons
+#   scripts/python-ft.sh builds from Debian's python3.13 and python3.14 sources (cached; stage 55 tests with
+#   3.14t), for aarch64 cross-built (--arch aarch64); no release ships a free-threaded Python. None is built for
+#   s390x or ppc64le.
 # - The module is built once per architecture, then re-linked per Python version: only the binding and
 #   nanobind depend on the version (one CMake build tree per architecture, reconfigured per version).
 # JOBS (default 2) sets the build's parallelism. SAFETENSORS_WHEEL_MATRIX=all (the default) builds every wheel of
@@ -44,14 +45,17 @@ OUT=${SAFETENSORS_WHEEL_OUT:-$ROOT/dist}
 B=$ROOT/build/wheels
 JOBS=${JOBS:-2}
 MIRROR=http://deb.debian.org/debian
-GLIBC=2.17
+# The glibc the modules link against: 2.17 (manylinux2014); for ppc64le zig provides 2.19 at the oldest, whose
+# symbols a module uses still carry that architecture's first version (2.17), so auditwheel finds the same policy.
+glibc() { [ "$1" = ppc64le ] && echo 2.19 || echo 2.17; }
 # simdjson: the release Debian 12 packages (libsimdjson-dev 3.0.1-1 in scripts/setup.sh's list), from Debian's
 # source package; the checksum is the one its .dsc lists.
 SIMDJSON_VERSION=3.0.1
 SIMDJSON_SHA256=156b1bc5eb0561b2bd166b46d191fd3d95a3e709cc63761477d3b7aec2b6e9ed
 # ARCH PYTHON HEADERS [abi3]: where each wheel's Python headers come from (a Debian release, pyenv, or the
 # free-threaded build); abi3: the module built against the stable ABI of 3.12 (cp312-abi3, for every later Python
-# too), from headers of that version or a newer one.
+# too), from headers of that version or a newer one. s390x and ppc64le have no 3.13 wheel: the Debian mirror
+# reached here lacks part of Debian 13's packages for those two architectures (404 for its point-release glibc).
 TARGETS=(
   "x86_64 3.10 pyenv"
   "x86_64 3.11 bookworm"
@@ -60,15 +64,21 @@ TARGETS=(
   "x86_64 3.14 forky"
   "x86_64 3.13t ft"
   "x86_64 3.14t ft"
+  "aarch64 3.13t ft"
+  "aarch64 3.14t ft"
   "aarch64 3.11 bookworm"
   "aarch64 3.13 trixie"
   "aarch64 3.14 forky"
   "x86_64 3.12 pyenv abi3"
   "aarch64 3.13 trixie abi3"
+  "s390x 3.11 bookworm"
+  "s390x 3.14 forky"
+  "ppc64le 3.11 bookworm"
+  "ppc64le 3.14 forky"
 )
 
 log() { printf '\033[1m[wheel]\033[0m %s\n' "$*"; }
-debian_arch() { case $1 in x86_64) echo amd64 ;; aarch64) echo arm64 ;; esac; }
+source scripts/arches.sh
 
 mkdir -p "$B" "$OUT"
 rm -f "$OUT"/safetensors-*.whl "$OUT"/safetensors-*.tar.gz "$OUT/auditwheel-show.txt"
@@ -119,7 +129,7 @@ headers() {  # ARCH VERSION SOURCE -> prints the include directory, or nothing w
     mkdir -p "$(dirname "$dir")"
     if [ "$source" = ft ]; then
       local prefix
-      prefix=$(bash scripts/python-ft.sh --version "${version%t}" --prefix | tail -n 1)
+      prefix=$(bash scripts/python-ft.sh --version "${version%t}" --arch "$arch" --prefix | tail -n 1)
       cp -r "$prefix/include/python$version" "$dir"
     elif [ "$source" = pyenv ]; then
       local prefix
@@ -130,25 +140,26 @@ headers() {  # ARCH VERSION SOURCE -> prints the include directory, or nothing w
       # Only unpacked (mmdebstrap's extract variant: no maintainer script runs), then the headers are kept.
       local tmp="$B/python/root-$arch-$source"
       rm -rf "$tmp"
-      mmdebstrap --quiet --variant=extract --arch="$(debian_arch "$arch")" --mode=root \
+      mmdebstrap --quiet --variant=extract --arch="$(arch_debian "$arch")" --mode=root \
         --include="libpython$version-dev" --aptopt='Acquire::Languages "none"' \
         --aptopt="$([ "$source" = forky ] && echo 'Acquire::Check-Valid-Until "false"' || echo 'Acquire::Languages "none"')" \
         "$source" "$tmp" "$MIRROR" >&2
       cp -r "$tmp/usr/include/python$version" "$dir"
       # Debian's pyconfig.h picks the multiarch one by the compiler's target; this directory is for one target.
-      cp "$tmp/usr/include/$arch-linux-gnu/python$version/pyconfig.h" "$dir/pyconfig.h"
+      cp "$tmp/usr/include/$(arch_triplet "$arch")/python$version/pyconfig.h" "$dir/pyconfig.h"
       rm -rf "$tmp"
     fi
   fi
   echo "$dir"
 }
 
-# --- zig as the C/C++ compiler of each architecture, for glibc $GLIBC
+# --- zig as the C/C++ compiler of each architecture, for its glibc
 zig_tools() {  # ARCH -> $B/zig/ARCH/{cc,c++,ar,ranlib}
   local d="$B/zig/$1"
   mkdir -p "$d"
   for tool in cc c++; do
-    printf '#!/bin/sh\nexec "%s" %s -target %s-linux-gnu.%s "$@"\n' "$ZIG" "$tool" "$1" "$GLIBC" >"$d/$tool"
+    printf '#!/bin/sh\nexec "%s" %s -target %s-linux-gnu.%s "$@"\n' "$ZIG" "$tool" \
+      "$(arch_triplet "$1" | cut -d- -f1)" "$(glibc "$1")" >"$d/$tool"
   done
   for tool in ar ranlib; do printf '#!/bin/sh\nexec "%s" %s "$@"\n' "$ZIG" "$tool" >"$d/$tool"; done
   chmod +x "$d"/*
@@ -165,10 +176,10 @@ rm -rf "$CURL_INCLUDE"
 mkdir -p "$CURL_INCLUDE"
 cp -r "$(dirname "$(dpkg -L libcurl4-openssl-dev | grep '/curl/curl.h$' | head -n 1)")" "$CURL_INCLUDE/"
 MATRIX=${SAFETENSORS_WHEEL_MATRIX:-$([ "${CI:-}" = true ] && echo ci || echo all)}
-# The free-threaded wheel comes last: its headers come from scripts/python-ft.sh, which CI prepares in the
+# The free-threaded wheels come last: their headers come from scripts/python-ft.sh, which CI prepares in the
 # background (scripts/test.sh) and which holds its lock until done. Build trees are kept across the passes.
 declare -A configured=()
-for pass in "x86_64 base" "aarch64 base" "x86_64 ft"; do
+for pass in "x86_64 base" "aarch64 base" "s390x base" "ppc64le base" "x86_64 ft" "aarch64 ft"; do
   read -r arch which <<<"$pass"
   zig_tools "$arch"
   Z="$B/zig/$arch"
@@ -177,7 +188,7 @@ for pass in "x86_64 base" "aarch64 base" "x86_64 ft"; do
     read -r t_arch version source kind <<<"$target"
     [ "$t_arch" = "$arch" ] || continue
     [ "$which" = "$([ "$source" = ft ] && echo ft || echo base)" ] || continue
-    if [ "$MATRIX" = ci ] && [ "$arch" = aarch64 ] && { [ "$version" != 3.11 ] || [ -n "$kind" ]; }; then
+    if [ "$MATRIX" = ci ] && [ "$arch" != x86_64 ] && { [ "$version" != 3.11 ] || [ -n "$kind" ]; }; then
       log "$arch cp${version/./} ${kind}: left out (SAFETENSORS_WHEEL_MATRIX=ci)"
       continue
     fi
@@ -187,7 +198,8 @@ for pass in "x86_64 base" "aarch64 base" "x86_64 ft"; do
       continue
     fi
     tag=$(tag_pair "cp${version/./}")  # cp314t for 3.14t: the ABI tag
-    module="_safetensors_cpp.cpython-${version/./}-$arch-linux-gnu.so"
+    soabi="cpython-${version/./}-$(arch_triplet "$arch")"
+    module="_safetensors_cpp.$soabi.so"
     stable=OFF
     if [ "$kind" = abi3 ]; then
       tag=$(tag_pair abi3) module=_safetensors_cpp.abi3.so stable=ON
@@ -195,7 +207,7 @@ for pass in "x86_64 base" "aarch64 base" "x86_64 ft"; do
     log "$arch $tag: building (headers: $source $version)"
     # The library and simdjson do not depend on the Python version: only the binding and nanobind rebuild.
     python_args=(-U 'Python_*' -U '_Python_*' -DPython_INCLUDE_DIR="$include" -DSAFETENSORS_STABLE_ABI="$stable"
-                 -DSKBUILD_SOABI="cpython-${version/./}-$arch-linux-gnu" -DSKBUILD_SOSABI=abi3)
+                 -DSKBUILD_SOABI="$soabi" -DSKBUILD_SOSABI=abi3)
     if [ -n "${configured[$arch]:-}" ]; then
       cmake "$BUILD" "${python_args[@]}" >"$BUILD.log"
     else
@@ -219,10 +231,11 @@ for pass in "x86_64 base" "aarch64 base" "x86_64 ft"; do
       "$tag-linux_$arch" "$B/provisional")
     policy=$(auditwheel show "$provisional" 2>/dev/null | tr -s ' \n' ' ' |
       sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p')
+    # Every wheel is manylinux2014 (README, "Wheels"): a module that needs a newer glibc symbol fails here.
     case $policy in
       manylinux_2_17_*) platform="$policy.manylinux2014_$arch" ;;
-      manylinux_*) platform=$policy ;;
-      *) echo "auditwheel show found no manylinux policy for $provisional:"; auditwheel show "$provisional"; exit 1 ;;
+      *) echo "auditwheel show found ${policy:-no manylinux policy}, not manylinux_2_17, for $provisional:"
+         auditwheel show "$provisional"; exit 1 ;;
     esac
     wheel=$(python scripts/wheel_assemble.py "$SRC" "$B/metadata/$DIST_INFO" "$module" "$tag-$platform" "$OUT")
     auditwheel show "$wheel" >>"$OUT/auditwheel-show.txt" 2>/dev/null

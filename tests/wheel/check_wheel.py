@@ -102,7 +102,9 @@ def check_numpy(work: Path) -> None:
                    for k, v in arrays.items())
         check(f"numpy round trip of {len(arrays)} dtypes/shapes ({backend})", same and loaded.keys() == arrays.keys())
     check("numpy load(bytes)", all(np.array_equal(load(path.read_bytes())[k], v) for k, v in arrays.items()))
-    spec = TensorSpec(dtype="float32", shape=[2], data_ptr=data.ctypes.data, data_len=8)
+    # A TensorSpec describes native memory (README, "Big-endian hosts"); deserialize gives the file's bytes.
+    native = data.astype("=f4")
+    spec = TensorSpec(dtype="float32", shape=[2], data_ptr=native.ctypes.data, data_len=8)
     check("serialize/deserialize", [(n, t["dtype"], t["shape"], bytes(t["data"])) for n, t in
                                     deserialize(serialize({"a": spec}))] == [("a", "F32", [2], data.tobytes()[:8])])
     with safe_open(str(path), framework="np") as f:
