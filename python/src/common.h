@@ -52,34 +52,22 @@ decltype(auto) without_gil(F&& f) {
 
 // The CPython calls the binding makes that the limited API (the cp312-abi3 wheel, SAFETENSORS_STABLE_ABI) lacks:
 // the unchecked macro in a per-version build, the checked function of the stable ABI in the abi3 one.
-inline void list_set(PyObject* list, Py_ssize_t i, PyObject* item) {  // steals `item`
 #ifdef Py_LIMITED_API
-  PyList_SetItem(list, i, item);
+#define ST_LIMITED_OR(checked, unchecked) checked
 #else
-  PyList_SET_ITEM(list, i, item);
+#define ST_LIMITED_OR(checked, unchecked) unchecked
 #endif
+inline void list_set(PyObject* list, Py_ssize_t i, PyObject* item) {  // steals `item`
+  ST_LIMITED_OR(PyList_SetItem, PyList_SET_ITEM)(list, i, item);
 }
 inline void tuple_set(PyObject* tuple, Py_ssize_t i, PyObject* item) {  // steals `item`
-#ifdef Py_LIMITED_API
-  PyTuple_SetItem(tuple, i, item);
-#else
-  PyTuple_SET_ITEM(tuple, i, item);
-#endif
+  ST_LIMITED_OR(PyTuple_SetItem, PyTuple_SET_ITEM)(tuple, i, item);
 }
 inline PyObject* tuple_get(PyObject* tuple, Py_ssize_t i) {  // borrowed
-#ifdef Py_LIMITED_API
-  return PyTuple_GetItem(tuple, i);
-#else
-  return PyTuple_GET_ITEM(tuple, i);
-#endif
+  return ST_LIMITED_OR(PyTuple_GetItem, PyTuple_GET_ITEM)(tuple, i);
 }
-inline Py_ssize_t tuple_size(PyObject* tuple) {
-#ifdef Py_LIMITED_API
-  return PyTuple_Size(tuple);
-#else
-  return PyTuple_GET_SIZE(tuple);
-#endif
-}
+inline Py_ssize_t tuple_size(PyObject* tuple) { return ST_LIMITED_OR(PyTuple_Size, PyTuple_GET_SIZE)(tuple); }
+#undef ST_LIMITED_OR
 inline std::string type_name(PyObject* o) {  // for error texts: "int", "numpy.ndarray"
 #ifdef Py_LIMITED_API
   // tp_name is out of reach: the same text from the type's __module__ and __qualname__.
