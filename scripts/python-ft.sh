@@ -68,7 +68,8 @@ esac
 ((tsan)) && [ "$minor" != 3.14 ] && { log "--tsan is for 3.14"; exit 2; }
 case $arch in
   x86_64) ;;
-  aarch64) ((want_prefix && !tsan)) || { log "--arch aarch64 builds an interpreter only: --prefix, no --tsan"; exit 2; } ;;
+  aarch64) ((want_prefix && !tsan)) || { log "--arch aarch64 builds an interpreter only: --prefix, no --tsan"
+                                          exit 2; } ;;
   *) log "no free-threaded CPython for $arch here (x86_64, aarch64)"; exit 2 ;;
 esac
 PACKAGE=python$minor
@@ -86,15 +87,13 @@ if ((tsan)); then
 fi
 if [ "$arch" = aarch64 ]; then
   flavour=${minor}t-aarch64
-  build_python=$(bash scripts/python-ft.sh --version "$minor" --prefix | tail -n 1)/bin/python${minor}t
   SYSROOT=$CACHE/sysroot-arm64-bookworm
   SYSROOT_PACKAGES=libc6-dev,zlib1g-dev,libffi-dev,libssl-dev,libbz2-dev,liblzma-dev,libsqlite3-dev,uuid-dev
   SYSROOT_STAMP="$SYSROOT_PACKAGES, relative links"
   # Debian's cross compiler with the sysroot's headers and libraries (its multiarch directories); pkg-config
   # looks only there. /dev/ptmx, /dev/ptc and getaddrinfo cannot be probed for another machine: the answers
   # for Linux.
-  CONFIGURE+=(--host=aarch64-linux-gnu --build=x86_64-linux-gnu --with-build-python="$build_python"
-              CC="aarch64-linux-gnu-gcc --sysroot=$SYSROOT"
+  CONFIGURE+=(--host=aarch64-linux-gnu --build=x86_64-linux-gnu CC="aarch64-linux-gnu-gcc --sysroot=$SYSROOT"
               ac_cv_file__dev_ptmx=yes ac_cv_file__dev_ptc=no ac_cv_buggy_getaddrinfo=no)
   export PKG_CONFIG_LIBDIR=$SYSROOT/usr/lib/aarch64-linux-gnu/pkgconfig:$SYSROOT/usr/share/pkgconfig
   export PKG_CONFIG_SYSROOT_DIR=$SYSROOT
@@ -141,6 +140,11 @@ if [ ! -f "$prefix/.complete" ]; then
       ln -sfr "$SYSROOT$(readlink "$link")" "$link"
     done
     echo "$SYSROOT_STAMP" >"$SYSROOT/.complete"
+  fi
+  if [ "$arch" = aarch64 ]; then
+    # The build Python: this script's x86_64 interpreter of the same version (only a cold build needs it).
+    build_prefix=$(bash scripts/python-ft.sh --version "$minor" --prefix | tail -n 1)
+    CONFIGURE+=(--with-build-python="$build_prefix/bin/python${minor}t")
   fi
   log "building CPython $version ${CONFIGURE[*]} into $prefix (from $(basename "$orig"))"
   tar -xJf "$orig" -C "$work"

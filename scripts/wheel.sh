@@ -8,6 +8,8 @@
 #                                  # to PyPI and the Debian mirror; no compiler of the machine is used
 #   bash scripts/wheel.sh --tag ABI  # prints the Python-ABI pair of a wheel for ABI (cp311, cp314t, abi3):
 #                                  # cp311-cp311, cp314-cp314t, cp312-abi3 (stage 70-wheels finds wheels by it)
+#   bash scripts/wheel.sh --suites DEB  # prints the Debian releases whose headers the matrix's wheels for that
+#                                  # architecture (Debian's name) are built against (stage 70 tests them there)
 #
 # How (README, "Wheels"):
 # - The wheels are built from the sdist (unpacked), as a user's `pip install` of the sdist would build.
@@ -77,8 +79,23 @@ TARGETS=(
   "ppc64le 3.14 forky"
 )
 
+MATRIX=${SAFETENSORS_WHEEL_MATRIX:-$([ "${CI:-}" = true ] && echo ci || echo all)}
+in_matrix() {  # ARCH VERSION KIND: whether MATRIX builds that wheel of TARGETS
+  [ "$MATRIX" = all ] || [ "$1" = x86_64 ] || [ "$2 $3" = "3.11 " ] || [ "$2" = 3.14t ]
+}
+
 log() { printf '\033[1m[wheel]\033[0m %s\n' "$*"; }
 source scripts/arches.sh
+if [ "${1:-}" = --suites ]; then
+  for target in "${TARGETS[@]}"; do
+    read -r t_arch version source kind <<<"$target"
+    if [ "$(arch_debian "$t_arch")" = "$2" ] && in_matrix "$t_arch" "$version" "$kind" &&
+      [ "$source" != pyenv ] && [ "$source" != ft ]; then
+      echo "$source"
+    fi
+  done | awk '!seen[$0]++'
+  exit 0
+fi
 
 mkdir -p "$B" "$OUT"
 rm -f "$OUT"/safetensors-*.whl "$OUT"/safetensors-*.tar.gz "$OUT/auditwheel-show.txt"
@@ -175,7 +192,6 @@ CURL_INCLUDE=$B/curl-include
 rm -rf "$CURL_INCLUDE"
 mkdir -p "$CURL_INCLUDE"
 cp -r "$(dirname "$(dpkg -L libcurl4-openssl-dev | grep '/curl/curl.h$' | head -n 1)")" "$CURL_INCLUDE/"
-MATRIX=${SAFETENSORS_WHEEL_MATRIX:-$([ "${CI:-}" = true ] && echo ci || echo all)}
 # The free-threaded wheels come last: their headers come from scripts/python-ft.sh, which CI prepares in the
 # background (scripts/test.sh) and which holds its lock until done. Build trees are kept across the passes.
 declare -A configured=()
@@ -188,7 +204,7 @@ for pass in "x86_64 base" "aarch64 base" "s390x base" "ppc64le base" "x86_64 ft"
     read -r t_arch version source kind <<<"$target"
     [ "$t_arch" = "$arch" ] || continue
     [ "$which" = "$([ "$source" = ft ] && echo ft || echo base)" ] || continue
-    if [ "$MATRIX" = ci ] && [ "$arch" != x86_64 ] && [ "$version $kind" != "3.11 " ] && [ "$version" != 3.14t ]; then
+    if ! in_matrix "$arch" "$version" "$kind"; then
       log "$arch cp${version/./} ${kind}: left out (SAFETENSORS_WHEEL_MATRIX=ci)"
       continue
     fi

@@ -1,16 +1,16 @@
 # Wheels (README "Wheels"): scripts/wheel.sh builds the sdist and the x86_64, aarch64, s390x and ppc64le wheels;
-# then each wheel is installed with pip into a bare system -- an unpacked Debian root (scripts/wheel-roots.sh) that has Python and
-# the distribution's numpy, pytest and hypothesis and nothing of this project: no compiler, no -dev package, no
-# simdjson -- entered with chroot (the other architectures through qemu-user, e.g. qemu-aarch64-static: no binfmt,
-# so nothing there starts another program of that architecture). In each: pip chooses the wheel itself from the wheelhouse,
-# tests/wheel/check_wheel.py (import, numpy round trips, torch round trips where torch is installed), the
-# `safetensors` command, the dynamic loader's list of what the module needs (only glibc's libraries), and a
-# subset of the package's own tests (tests/python). Torch 2.13.0 is installed (the CPU wheel on this machine's
-# disk, its dependencies and numpy 2 from PyPI) where a wheel of it exists: x86_64, Python 3.11, in the root
-# bookworm-pypi (bookworm plus the libstdc++ that PyPI's torch and numpy 2 wheels need; ours needs none, which
-# the plain roots show). Python 3.10 and 3.12 come from this machine's pyenv, mounted read-only into that root
-# (no Debian release ships them), with numpy from PyPI. Last, the sdist is built with pip in a Debian root
-# holding only what README lists for it.
+# then each wheel is installed with pip into a bare system -- an unpacked Debian root (scripts/wheel-roots.sh)
+# that has Python and the distribution's numpy, pytest and hypothesis and nothing of this project: no compiler,
+# no -dev package, no simdjson -- entered with chroot (the other architectures through qemu-user, e.g.
+# qemu-aarch64-static: no binfmt, so nothing there starts another program of that architecture). In each: pip
+# chooses the wheel itself from the wheelhouse, tests/wheel/check_wheel.py (import, numpy round trips, torch
+# round trips where torch is installed), the `safetensors` command, the dynamic loader's list of what the module
+# needs (only glibc's libraries), and a subset of the package's own tests (tests/python). Torch 2.13.0 is
+# installed (the CPU wheel on this machine's disk, its dependencies and numpy 2 from PyPI) for x86_64 Python
+# 3.11, in the root bookworm-pypi (bookworm plus the libstdc++ that PyPI's torch and numpy 2 wheels need; ours
+# needs none, which the plain roots show). Python 3.10 and 3.12 come from this machine's pyenv, the free-threaded
+# ones from scripts/python-ft.sh, mounted read-only into that root (no Debian release ships them), with numpy
+# from PyPI. Last, the sdist is built with pip in a Debian root holding only what README lists for it.
 set -euo pipefail
 cd "$ROOT"
 source scripts/arches.sh
@@ -26,10 +26,8 @@ mkdir -p "$T"
 MATRIX=${SAFETENSORS_WHEEL_MATRIX:-$([ "${CI:-}" = true ] && echo ci || echo all)}
 export SAFETENSORS_WHEEL_MATRIX=$MATRIX
 EMULATED=(arm64 s390x ppc64el)  # the architectures run under qemu-user (Debian's names)
-# The releases whose roots each of them is tested in: those its wheels are built for (scripts/wheel.sh's TARGETS).
-emulated_suites() {  # DEB
-  if [ "$MATRIX" = ci ]; then echo bookworm; elif [ "$1" = arm64 ]; then echo bookworm trixie forky; else echo bookworm forky; fi
-}
+# The releases whose roots each of them is tested in: those its wheels in the matrix are built for.
+emulated_suites() { bash scripts/wheel.sh --suites "$1"; }  # DEB
 
 # The roots download while the wheels compile.
 (
@@ -176,7 +174,8 @@ check_wheel() {
   fi
 
   if [ -n "$pyenv" ] && ((${#extra[@]} == 0)); then
-    summary+=("$(printf '%-55s %-14s %3ds  %s' "$tag" "$suite-$arch" $((SECONDS - t0)) "(venv of $python: check_wheel.py only)")")
+    summary+=("$(printf '%-55s %-14s %3ds  %s' "$tag" "$suite-$arch" $((SECONDS - t0)) \
+      "(venv of $python: check_wheel.py only)")")
     return
   fi
   local tests=("${TESTS_BASE[@]}") leave_out=()
@@ -204,7 +203,8 @@ wheel_tag() {  # ARCH(x86_64, aarch64...) ABI(cp311, cp314t, abi3) -> the built 
 
 for deb in "${EMULATED[@]}"; do
   for suite in $(emulated_suites "$deb"); do
-    precompile "$suite" "$deb" "$(case $suite in bookworm) echo python3.11 ;; trixie) echo python3.13 ;; forky) echo python3.14 ;; esac)"
+    precompile "$suite" "$deb" \
+      "$(case $suite in bookworm) echo python3.11 ;; trixie) echo python3.13 ;; forky) echo python3.14 ;; esac)"
   done
 done
 for deb in amd64 "${EMULATED[@]}"; do
