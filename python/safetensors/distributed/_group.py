@@ -3,17 +3,49 @@ type's tensors, the one collective of plans and statuses, and how a failed colle
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+import pickle
+import time
+from typing import Any, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from .._core import SafetensorError
 
-__all__ = ["CPU_BACKENDS", "Group", "collective_failed", "error_text", "failures_text"]
+__all__ = ["CPU_BACKENDS", "Group", "collective_failed", "error_text", "failures_text", "held", "released"]
 
 # Backends that move CPU tensors; every other backend is taken to serve its accelerator's device type.
 CPU_BACKENDS = ("gloo", "mpi", "ucc")
+
+#: The longest released() waits, in seconds; past it the call goes on (it never hangs on a backend's thread).
+RELEASE_WAIT = 5.0
+
+
+_use_count = getattr(torch.Tensor, "_use_count", None)  # a torch without it: nothing is seen as held
+
+
+def held(tensor: torch.Tensor) -> bool:
+    """Whether something besides its Python object holds ``tensor`` (a collective's work, a backend's thread)."""
+    return _use_count is not None and _use_count(tensor) > 1
+
+
+def released(tensors: Iterable[torch.Tensor], timeout: float = RELEASE_WAIT) -> bool:
+    """Waits until no thread of the process group's backend holds any of ``tensors`` (see :func:`held`); False
+    when ``timeout`` passed first.
+
+    gloo runs a collective on its own worker thread, which drops its references to the collective's tensors
+    after ``wait()`` has returned on this thread, and that drop takes the GIL. A process that ends in between
+    aborts in interpreter shutdown ("terminate called without an active exception": the worker thread meets a
+    finalizing interpreter). So a distributed call returns only after its CPU tensors are let go of (an
+    accelerator backend's tensors are its watchdog's to drop, on its own schedule: not waited for)."""
+    pending = [t for t in tensors if held(t)]
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0002)  # lets go of the GIL, which the worker thread needs to drop its references
+        pending = [t for t in pending if held(t)]
+    return True
 
 
 class Group:
@@ -62,12 +94,27 @@ class Group:
         return torch.device("cpu")
 
     def gather(self, obj: Any, what: str, *, action: str = "load") -> List[Any]:
-        out: List[Any] = [None] * self.world
+        """Every rank's ``obj`` (picklable), by rank. On a group with a CPU backend the pickles travel as CPU
+        tensors this call lets go of before it returns (see :func:`released`); otherwise as
+        ``all_gather_object`` sends them."""
         try:
-            dist.all_gather_object(out, obj, group=self.group)
+            if self.backend_for("cpu") is None:
+                out: List[Any] = [None] * self.world
+                dist.all_gather_object(out, obj, group=self.group)
+                return out
+            payload = bytearray(pickle.dumps(obj))
+            size = torch.tensor([len(payload)], dtype=torch.int64)
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+            dist.all_gather(sizes, size, group=self.group)
+            longest = max(int(s.item()) for s in sizes)
+            mine = torch.zeros(longest, dtype=torch.uint8)
+            mine[: len(payload)] = torch.frombuffer(payload, dtype=torch.uint8)
+            received = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world)]
+            dist.all_gather(received, mine, group=self.group)
         except RuntimeError as e:
             raise collective_failed(self, what, e, action=action) from e
-        return out
+        released([size, mine, *sizes, *received])
+        return [pickle.loads(t[: int(s.item())].numpy().tobytes()) for t, s in zip(received, sizes)]
 
 
 def collective_failed(grp: Group, what: str, e: BaseException, *, action: str = "load") -> SafetensorError:

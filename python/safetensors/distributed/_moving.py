@@ -22,7 +22,7 @@ from .. import _safetensors_cpp as _cpp
 from .._core import DTYPES, HOST_SWAPS, Box
 from .._plan import read_box
 from .._torch_types import as_bytes, torch_dtype
-from ._group import Group, error_text
+from ._group import Group, error_text, held, released
 from ._schedule import Chunk
 
 __all__ = ["Landing", "LoadStats", "Mover", "read_chunk", "read_part"]
@@ -147,6 +147,8 @@ class Mover:
         self.failed: Optional[str] = None
         self.failed_cause: Optional[BaseException] = None
         self.pending: Deque[Pending] = collections.deque()
+        # CPU buffers handed to the backend, until run() has seen it let go of them (see _group.released).
+        self.lent: List[torch.Tensor] = []
 
     def run(self, chunks: List[Chunk]) -> None:
         me = self.grp.rank
@@ -158,6 +160,8 @@ class Mover:
                 self._finish(self.pending.popleft())
         while self.pending:
             self._finish(self.pending.popleft())
+        released(self.lent)
+        self.lent.clear()
 
     def _segments(self, chunk: Chunk) -> List[Tuple[Landing, int, int, int]]:
         if chunk.part is not None:
@@ -201,6 +205,10 @@ class Mover:
                 works.append(dist.irecv(buffer, src=src, group=grp.group))
             self.stats.bytes_received += n
         self.pending.append(Pending(works, buffer, segments, in_place))
+        if works and buffer.device.type == "cpu":
+            if len(self.lent) >= 4 * WINDOW:  # bounded: most were let go of long ago
+                self.lent = [t for t in self.lent if held(t)]
+            self.lent.append(buffer)
 
     def _read(self, chunk: Chunk, buffer: torch.Tensor) -> None:
         self.stats.chunks_read += 1

@@ -98,7 +98,12 @@ def scenario(rank: int, world: int, args: Dict[str, Any], mesh: Any) -> Dict[str
     sd = sharded_state_dict(spec, args.get("seed", 0), mesh)
     directory = args["dir"].replace("{rank}", str(rank))
     if kind == "save":
+        from worker import LENT, held_count
+
+        LENT.clear()
         sdist.save_state_dict(sd, directory, max_shard_size=args["max"], metadata=args.get("metadata"))
+        if not LENT or held_count():  # the save returned with gloo's threads still holding its tensors
+            raise AssertionError(f"{held_count()} of the {len(LENT)} tensors given to collectives still held")
         return {}
     if kind in ("fail", "die"):
         original = _files.write_piece
@@ -151,11 +156,12 @@ def _bytes(t: Any) -> torch.Tensor:
 
 def main() -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from worker import join_group  # the script directory is on sys.path
+    from worker import join_group, watch_collectives  # the script directory is on sys.path
 
     spec = json.loads(open(sys.argv[1]).read())
     out = sys.argv[2]
     rank, world = join_group()
+    watch_collectives()
     mesh = init_device_mesh("cpu", tuple(spec["mesh"]))
     for i, args in enumerate(spec["scenarios"]):
         try:

@@ -26,7 +26,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 import safetensors.distributed as sdist
 from safetensors import SafetensorError, safe_open
 from safetensors.distributed import _moving
-from worker import join_group  # the script directory is on sys.path
+from worker import LENT, held_count, join_group, watch_collectives  # the script directory is on sys.path
 
 
 def io_counters() -> Dict[str, int]:
@@ -132,6 +132,7 @@ def run(scenario: Dict[str, Any], rank: int) -> Dict[str, Any]:
         _moving.read_chunk = failing
         _moving.read_part = failing
     before = io_counters()
+    LENT.clear()
     try:
         got = sdist.load_state_dict(state, checkpoint, strict=scenario.get("strict", True),
                                     chunk_bytes=scenario.get("chunk_bytes", 4096), stats=stats,
@@ -139,6 +140,7 @@ def run(scenario: Dict[str, Any], rank: int) -> Dict[str, Any]:
                                     storage_options=scenario.get("storage_options"))
     except SafetensorError as e:
         return {"error": str(e)}
+    held = held_count()
     after = io_counters()
     checks = {}
     for name, value in state.items():
@@ -146,13 +148,14 @@ def run(scenario: Dict[str, Any], rank: int) -> Dict[str, Any]:
         checks[name] = local.device.type == scenario.get("device", "cpu") and same_bits(local.cpu(), expected[name])
     return {"missing": got.missing_keys, "unexpected": got.unexpected_keys, "checks": checks,
             "stats": stats.__dict__, "rchar": after["rchar"] - before["rchar"],
-            "type": type(got).__name__}
+            "type": type(got).__name__, "lent": len(LENT), "held": held}
 
 
 def main() -> int:
     spec = json.load(open(sys.argv[1]))
     out_dir = sys.argv[2]
     rank, world = join_group()
+    watch_collectives()
     results: Dict[str, Any] = {}
     out_path = os.path.join(out_dir, f"rank{rank}.json")
     real = (_moving.read_chunk, _moving.read_part)

@@ -136,6 +136,8 @@ def test_every_rank_gets_exactly_its_piece_of_the_full_tensors(run, scenario):
         assert not bad, f"rank {rank}: wrong values in {bad}"
         assert got["missing"] == [] and got["unexpected"] == []
         assert got["type"] == "IncompatibleKeys"
+        # It returned with no tensor it gave the process group still held by gloo's threads.
+        assert got["lent"] > 0 and got["held"] == 0, got
 
 
 @pytest.mark.parametrize("scenario", ["rows", "cols", "mixed"])
@@ -223,5 +225,6 @@ def test_a_remote_sharded_checkpoint_on_s3_fills_the_state_dict(ckpt, seaweed_s3
     for rank, got in enumerate(ranks["s3"]):
         assert "error" not in got, got["error"]
         assert all(got["checks"].values()), (rank, got["checks"])
+        assert got["lent"] > 0 and got["held"] == 0, got
     results = ranks["s3"]
     assert sum(r["stats"]["bytes_read"] for r in results) == results[0]["stats"]["bytes_scheduled"]

@@ -67,7 +67,33 @@ def per_rank(value, rank):
     return value
 
 
+# Every tensor the loader hands to a collective (see watch_collectives), cleared before each load.
+LENT: list = []
+
+
+def watch_collectives() -> None:
+    """Wraps the collectives the loader calls (looked up on torch.distributed at each call) to note the tensors
+    they are handed: a load must return only once the backend's threads let go of them (safetensors.distributed
+    ._group.released), or a process that exits right after it can abort in interpreter shutdown."""
+    for name in ("all_gather", "broadcast", "isend", "irecv"):
+        real = getattr(dist, name)
+
+        def noted(first, *args, _real=real, **kwargs):
+            LENT.extend(first if isinstance(first, list) else [first])
+            if args and isinstance(args[0], torch.Tensor):
+                LENT.append(args[0])
+            return _real(first, *args, **kwargs)
+
+        setattr(dist, name, noted)
+
+
+def held_count() -> int:
+    """How many of the tensors in LENT something besides Python holds, now (no wait, no GIL release)."""
+    return sum(1 for t in LENT if t._use_count() > 1)
+
+
 def run_load(args: Dict[str, Any], rank: int) -> Dict[str, Any]:
+    LENT.clear()
     stats = sdist.LoadStats()
     kwargs = dict(plan=to_plan(per_rank(args.get("plan"), rank)),
                   chunk_bytes=per_rank(args.get("chunk_bytes", 1 << 20), rank),
@@ -89,8 +115,9 @@ def run_load(args: Dict[str, Any], rank: int) -> Dict[str, Any]:
             tensors = sdist.load_file(path, args.get("device", "cpu"), **kwargs)
     except SafetensorError as e:
         return {"error": str(e), "error_type": type(e).__name__, "seconds": time.monotonic() - start}
+    held = held_count()
     result = {"seconds": time.monotonic() - start, "tensors": digests(tensors), "order": list(tensors),
-              "stats": stats.__dict__}
+              "stats": stats.__dict__, "lent": len(LENT), "held": held}
     if cold:
         result["storage_read_bytes"] = storage_read_bytes() - before
     return result
@@ -150,6 +177,7 @@ def main() -> int:
     spec = json.load(open(sys.argv[1]))
     out_dir = sys.argv[2]
     rank, world = join_group()
+    watch_collectives()
     results = {}
     out_path = os.path.join(out_dir, f"rank{rank}.json")
     for scenario in spec["scenarios"]:
