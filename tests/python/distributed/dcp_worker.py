@@ -119,7 +119,7 @@ def run(scenario: Dict[str, Any], full: Dict[str, torch.Tensor], mesh: DeviceMes
     return result
 
 
-def main() -> int:
+def main() -> None:
     spec = json.load(open(sys.argv[1]))
     out_path = os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json")
     rank, world = join_group()
@@ -138,8 +138,12 @@ def main() -> int:
             json.dump(results, f)
         os.replace(out_path + ".tmp", out_path)
     dist.destroy_process_group()
-    return 0
+    # No interpreter shutdown: DCP's own last collectives (torch's all_gather_object) leave their tensors to
+    # gloo's worker threads, which drop them after wait() returned, taking the GIL; one that meets a finalizing
+    # interpreter aborts the process. safetensors.distributed's calls wait for that (see the other workers).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
