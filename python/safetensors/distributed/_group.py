@@ -106,7 +106,8 @@ class Group:
             size = torch.tensor([len(payload)], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
             dist.all_gather(sizes, size, group=self.group)
-            longest = max(int(s.item()) for s in sizes)
+            lengths = [int(s.item()) for s in sizes]
+            longest = max(lengths)
             mine = torch.zeros(longest, dtype=torch.uint8)
             mine[: len(payload)] = torch.frombuffer(payload, dtype=torch.uint8)
             received = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world)]
@@ -114,7 +115,7 @@ class Group:
         except RuntimeError as e:
             raise collective_failed(self, what, e, action=action) from e
         released([size, mine, *sizes, *received])
-        return [pickle.loads(t[: int(s.item())].numpy().tobytes()) for t, s in zip(received, sizes)]
+        return [pickle.loads(t[:n].numpy().tobytes()) for t, n in zip(received, lengths)]
 
 
 def collective_failed(grp: Group, what: str, e: BaseException, *, action: str = "load") -> SafetensorError:
