@@ -6,7 +6,7 @@ FILE holds the tensors of ``tensors()``. Every handle is opened first; then, wit
 itself, or the file behind it on a FUSE mount) is cut to N bytes: a file that shrank after it was opened;
 then each path reads. The last line of stdout is
 a JSON list of ``{"path", "ok", "correct"}`` or ``{"path", "ok": false, "type", "message", "oserror",
-"errno"}``. Before each
+"errno", "filename"}``. Before each
 path its name goes to stderr, so a parent that sees this process die (SIGBUS) or hang knows where.
 
 The zero-copy paths of the mmap backend (CPU tensors that are views of the mapping, and pt slices a view can
@@ -121,7 +121,13 @@ def paths(filename: str, backend: str) -> Dict[str, Callable[[], bool]]:
             got = dict(loader)
         return sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
 
+    def prefetch_take() -> bool:
+        # One tensor asked for by name: take() waits for its reads and raises what they raised.
+        with pt.prefetch() as loader:
+            return torch.equal(loader.take("b"), want["b"])
+
     out["pt prefetch"] = prefetch
+    out["pt prefetch take"] = prefetch_take
     if backend != "mmap":
         # On mmap these are zero-copy views (see the module docstring).
         out.update({
@@ -183,7 +189,8 @@ def main() -> None:
             results.append({"path": name, "ok": True, "correct": bool(read())})
         except Exception as e:  # noqa: BLE001 -- every outcome is reported
             results.append({"path": name, "ok": False, "type": type(e).__name__, "message": str(e),
-                            "oserror": isinstance(e, OSError), "errno": getattr(e, "errno", None)})
+                            "oserror": isinstance(e, OSError), "errno": getattr(e, "errno", None),
+                            "filename": getattr(e, "filename", None)})
     print("start cli verify", file=sys.stderr, flush=True)
     results.append(cli_verify(filename))
     print(json.dumps(results))

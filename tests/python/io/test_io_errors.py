@@ -196,22 +196,6 @@ def test_permission_denied(tmp_path):
     assert opened[5].startswith(f"Error while deserializing header: I/O error: {denied}")
 
 
-def test_truncated_file_under_pread(tmp_path):
-    path = tmp_path / "t.safetensors"
-    save_file({"a": torch.zeros(1000), "b": torch.ones(1000)}, path)
-    with safe_open(path, "pt", backend="pread") as f:
-        os.truncate(path, 200)
-        for read in (lambda: f.get_tensor("a"), lambda: f.get_tensor("b"), lambda: f.get_slice("b")[1:5],
-                     f.get_tensors):
-            with pytest.raises(SafetensorIOError, match="file is shorter than expected") as info:
-                read()
-            e = info.value
-            assert isinstance(e, SafetensorError) and isinstance(e, OSError)
-            assert e.errno == errno.EIO
-            assert e.filename == str(path)
-            assert "file is shorter than expected" in e.strerror
-
-
 def test_pickles_with_its_attributes(tmp_path):
     e = _save_error(tmp_path / "missing" / "model.safetensors")
     copy = pickle.loads(pickle.dumps(e))
