@@ -111,7 +111,8 @@ class _RecordingQueue:
 
 
 class _RecordingModule:
-    """Stands in for safetensors._safetensors_cpp inside safetensors._engine: every Prefetcher it makes records."""
+    """Stands in for safetensors._safetensors_cpp.engine inside safetensors._engine: every Prefetcher it makes
+    records."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -125,6 +126,18 @@ class _RecordingModule:
 
     def CopyQueue(self, prefetcher: _RecordingPrefetcher, *args: Any) -> Any:  # noqa: N802 (the wrapped class's name)
         return _RecordingQueue(self._inner.CopyQueue(prefetcher._inner, *args), prefetcher._record)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _WithEngine:
+    """Stands in for safetensors._safetensors_cpp inside safetensors._engine, with `engine` (the submodule that
+    holds Prefetcher and CopyQueue) replaced."""
+
+    def __init__(self, inner: Any, engine: _RecordingModule) -> None:
+        self._inner = inner
+        self.engine = engine
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -334,8 +347,8 @@ def main() -> None:
     npu_sim.set_async_copies(True)
     from safetensors import _engine
 
-    recorder = _RecordingModule(_engine._cpp)
-    _engine._cpp = recorder  # type: ignore[assignment]
+    recorder = _RecordingModule(_engine._cpp.engine)
+    _engine._cpp = _WithEngine(_engine._cpp, recorder)  # type: ignore[assignment]
 
     Path(args.tmpdir).mkdir(parents=True, exist_ok=True)
     delays = [int(d) for d in args.delay_us.split(",")]

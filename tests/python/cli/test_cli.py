@@ -127,7 +127,7 @@ def test_plan_shards():
     assert [name for name, _, _ in plan_shards([("a", 6), ("b", 6)], 10).shards] == shard_file_names("model", 2)
 
 
-def test_resolve(tmp_path, sharded):
+def test_a_path_resolves_to_its_checkpoint_kind_and_shards(tmp_path, sharded):
     f = small_file(tmp_path / "x.safetensors")
     assert resolve(str(f)) == Checkpoint(str(f), "file", [Shard(str(f))])
     c = resolve(str(sharded))

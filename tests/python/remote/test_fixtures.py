@@ -210,7 +210,7 @@ def test_range_server_keep_alive_log_and_spans() -> None:
         assert server.bytes_sent() == 300
 
 
-def test_overlaps() -> None:
+def test_overlaps_lists_each_pair_of_spans_that_share_a_byte() -> None:
     assert overlaps([(0, 10), (10, 20), (20, 20)]) == []
     assert overlaps([(5, 15), (0, 10), (9, 10)]) == [((0, 10), (5, 15)), ((0, 10), (9, 10)), ((5, 15), (9, 10))]
 
