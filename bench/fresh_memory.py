@@ -91,7 +91,8 @@ def run_row(row: Row, path: Path, ceilings: Path) -> Dict[str, Any]:
         cmd = [str(ceilings), row.spec.split()[0], str(path), *row.spec.split()[1:]]
     else:
         paths = {"ref": [ROOT / ".ref"], "peers": [PEERS_DIR]}.get(row.env, [])
-        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths + [ROOT / "python"])
+        # This package: the venv's installed one (editable or not), which the reference in .ref shadows.
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
         request = {"op": "load", "method": row.spec, "path": str(path), "warm": False}
         cmd = [sys.executable, str(HERE / "worker.py"), "once", json.dumps(request)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -237,7 +238,7 @@ def main() -> None:
         if not path.exists():
             made = subprocess.run([sys.executable, str(HERE / "worker.py"), "once", json.dumps(
                 {"op": "make", "path": str(path), "bytes": size, "hidden": 2048})],
-                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+                capture_output=True, text=True)
             if made.returncode != 0 or not json.loads(made.stdout.strip().splitlines()[-1]).get("ok"):
                 sys.exit(f"could not write {path}: {made.stderr[-2000:]}{made.stdout[-2000:]}")
         results[size] = measure(path, rows, args.reps, ceilings, args.idle)

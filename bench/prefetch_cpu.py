@@ -168,8 +168,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--markdown", type=Path, help="write the report section here (default: print it)")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "python"))
-    import torch
+    import torch  # (this package too, as the rows do: the venv's installed one, editable or not)
 
     (ROOT / "build").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT / "build") as tmp:

@@ -4,11 +4,13 @@ Each section of BENCHMARKS.md is a script of bench/ that drives the package thro
 API (the NPU section stands in for the engine's native module to count copies), so a change that moves a name
 can break a section without breaking a test; the report then says "not measured" only when somebody next runs
 the benchmarks. Here each section whose peers this environment has runs with its --quick arguments (the ones
-bench/suite/sections.py lists for `bench/run.py --quick`; about 75 s in all) and must write its section. Left
-out, each for what it needs beyond the test environment: remote (Run:ai and boto3, installed only by
-scripts/bench.sh), fresh-memory (Run:ai and fastsafetensors, likewise) and threads (the free-threaded
-interpreter scripts/python-ft.sh builds). The scripts run, as scripts/bench.sh runs them, on the development
-venv's Python, so a free-threaded interpreter running the suite skips this file.
+bench/suite/sections.py lists for `bench/run.py --quick`; about 90 s in all) and must write its section, with
+the package the venv has installed (editable or not: a section that imported the source tree's python/ failed
+in a clean clone). fresh-memory runs without its peers (Run:ai and fastsafetensors, which scripts/bench.sh
+installs: their rows say they are missing). Left out, each for what it needs beyond the test environment: remote
+(Run:ai and boto3 again, and the S3 server at 2 GiB scale) and threads (the free-threaded interpreter
+scripts/python-ft.sh builds). The scripts run, as scripts/bench.sh runs them, on the development venv's Python,
+so a free-threaded interpreter running the suite skips this file.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from suite.sections import SECTIONS  # noqa: E402
 
-RUN_HERE = ("prefetch-cpu", "npu-overlap", "distributed", "sharded", "strided")
+RUN_HERE = ("prefetch-cpu", "npu-overlap", "distributed", "sharded", "strided", "fresh-memory")
 
 
 @pytest.mark.parametrize("name", RUN_HERE)
