@@ -167,9 +167,11 @@ def test_close_releases_untaken_tensors_and_keeps_taken_ones(path):
     with safe_open(path, "pt") as f:
         loader = f.prefetch()
         taken = loader.take("embed")
-        # Wait until the rest landed, then watch one of them die with close().
-        loader.take("bias")
-        held = [weakref.ref(t) for t in loader._ready.values()]
+        # Wait until the rest landed (the readers land tensors in any order, from their own threads: the loader's
+        # condition guards what has landed), then watch them die with close().
+        with loader._lock:
+            assert loader._lock.wait_for(lambda: len(loader._ready) + len(loader._taken) == len(loader._order), 60)
+            held = [weakref.ref(t) for t in loader._ready.values()]
         assert held
         loader.close()
         gc.collect()
