@@ -8,7 +8,7 @@ bench/suite/sections.py lists for `bench/run.py --quick`; about 90 s in all) and
 the package the venv has installed (editable or not: a section that imported the source tree's python/ failed
 in a clean clone). fresh-memory runs without its peers (Run:ai and fastsafetensors, which scripts/bench.sh
 installs: their rows say they are missing). Left out, each for what it needs beyond the test environment: remote
-(Run:ai and boto3 again, and the S3 server at 2 GiB scale) and threads (the free-threaded interpreter
+(its peers Run:ai and boto3, which scripts/bench.sh installs) and threads (the free-threaded interpreter
 scripts/python-ft.sh builds). The scripts run, as scripts/bench.sh runs them, on the development venv's Python,
 so a free-threaded interpreter running the suite skips this file.
 """
