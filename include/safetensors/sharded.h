@@ -149,11 +149,19 @@ class SAFETENSORS_EXPORT ShardedFile {
   // Errors are those of File (with the shard as context), plus kInvalidArgument when a TensorInfo is not an
   // element of tensors().
   Result<TensorView> view(std::string_view name) const;
-  Result<TensorView> view(const TensorInfo& tensor) const;
+  Result<TensorView> view(const TensorInfo& t) const {
+    return on_shard(t, [&](const File& f) { return f.view(t); });
+  }
   Status read_into(std::string_view name, std::span<std::byte> dst) const;
-  Status read_into(const TensorInfo& tensor, std::span<std::byte> dst) const;
-  Result<SlicePlan> plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const;
-  Status read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const;
+  Status read_into(const TensorInfo& t, std::span<std::byte> dst) const {
+    return on_shard(t, [&](const File& f) { return f.read_into(t, dst); });
+  }
+  Result<SlicePlan> plan_slice(const TensorInfo& t, std::span<const SliceIndex> indices) const {
+    return on_shard(t, [&](const File& f) { return f.plan_slice(t, indices); });
+  }
+  Status read_slice(const TensorInfo& t, const SlicePlan& plan, std::span<std::byte> dst) const {
+    return on_shard(t, [&](const File& f) { return f.read_slice(t, plan, dst); });
+  }
 
   // As File::read_many(), for tensors of any shards: reads of different shards proceed in parallel. Errors:
   // kInvalidArgument (a request whose tensor is not an element of tensors(), or whose dst.size() !=
@@ -165,6 +173,15 @@ class SAFETENSORS_EXPORT ShardedFile {
   explicit ShardedFile(std::shared_ptr<const State> state) : state_(std::move(state)) {}
   // Position of `tensor` in tensors(), or tensors().size() when it is not an element.
   std::size_t position_of(const TensorInfo& tensor) const;
+  // The shard that holds `tensor`. Errors: kInvalidArgument when `tensor` is not an element of tensors().
+  Result<const File*> shard_holding(const TensorInfo& tensor) const;
+  // op(the File of `tensor`'s shard): the one place the per-tensor reads above find their shard.
+  template <class Op>
+  auto on_shard(const TensorInfo& tensor, Op op) const -> decltype(op(std::declval<const File&>())) {
+    Result<const File*> shard = shard_holding(tensor);
+    if (!shard.ok()) return std::move(shard).error();
+    return op(**shard);
+  }
   std::shared_ptr<const State> state_;
 };
 

@@ -129,46 +129,23 @@ const File& ShardedFile::file_of(const TensorInfo& tensor) const {
 // ---------------------------------------------------------------------------------------------------------
 // Reads
 
-namespace {
-
-Error foreign_tensor(const std::string& context, const TensorInfo& tensor) {
-  return Error::invalid_argument(context, "tensor " + quote(tensor.name) + " is not an entry of this sharded file");
+Result<const File*> ShardedFile::shard_holding(const TensorInfo& tensor) const {
+  const std::size_t i = position_of(tensor);
+  if (i == state_->tensors.size()) {
+    return Error::invalid_argument(state_->context,
+                                   "tensor " + quote(tensor.name) + " is not an entry of this sharded file");
+  }
+  return &state_->shards[state_->shard_of[i]];
 }
-
-}  // namespace
 
 Result<TensorView> ShardedFile::view(std::string_view name) const {
   SAFETENSORS_ASSIGN_OR_RETURN(const TensorInfo* t, info(name));
   return view(*t);
 }
 
-Result<TensorView> ShardedFile::view(const TensorInfo& tensor) const {
-  const std::size_t i = position_of(tensor);
-  if (i == state_->tensors.size()) return foreign_tensor(state_->context, tensor);
-  return state_->shards[state_->shard_of[i]].view(tensor);
-}
-
 Status ShardedFile::read_into(std::string_view name, std::span<std::byte> dst) const {
   SAFETENSORS_ASSIGN_OR_RETURN(const TensorInfo* t, info(name));
   return read_into(*t, dst);
-}
-
-Status ShardedFile::read_into(const TensorInfo& tensor, std::span<std::byte> dst) const {
-  const std::size_t i = position_of(tensor);
-  if (i == state_->tensors.size()) return foreign_tensor(state_->context, tensor);
-  return state_->shards[state_->shard_of[i]].read_into(tensor, dst);
-}
-
-Result<SlicePlan> ShardedFile::plan_slice(const TensorInfo& tensor, std::span<const SliceIndex> indices) const {
-  const std::size_t i = position_of(tensor);
-  if (i == state_->tensors.size()) return foreign_tensor(state_->context, tensor);
-  return state_->shards[state_->shard_of[i]].plan_slice(tensor, indices);
-}
-
-Status ShardedFile::read_slice(const TensorInfo& tensor, const SlicePlan& plan, std::span<std::byte> dst) const {
-  const std::size_t i = position_of(tensor);
-  if (i == state_->tensors.size()) return foreign_tensor(state_->context, tensor);
-  return state_->shards[state_->shard_of[i]].read_slice(tensor, plan, dst);
 }
 
 Status ShardedFile::read_many(std::span<const ReadRequest> requests, unsigned threads) const {

@@ -491,6 +491,13 @@ TEST(ShardedFileTest, ForeignTensorInfosAndWrongSizesAreInvalidArguments) {
   EXPECT_ST_ERROR(ckpt->read_into(foreign, buf), kInvalidArgument);
   EXPECT_ST_ERROR(ckpt->view(foreign), kInvalidArgument);
   EXPECT_ST_ERROR(ckpt->plan_slice(foreign, {}), kInvalidArgument);
+  auto whole = ckpt->plan_slice(mine, {});
+  ASSERT_ST_OK(whole);
+  EXPECT_ST_ERROR(ckpt->read_slice(foreign, *whole, buf), kInvalidArgument);
+  EXPECT_NE(
+      ckpt->view(foreign).error().to_string().find("tensor `layers.1.weight` is not an entry of this sharded file"),
+      std::string::npos)
+      << ckpt->view(foreign).error().to_string();
   const TensorInfo copy = mine;
   EXPECT_ST_ERROR(ckpt->read_into(copy, buf), kInvalidArgument);
   const ReadRequest foreign_request{&foreign, buf};
