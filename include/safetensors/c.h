@@ -114,30 +114,31 @@ SAFETENSORS_EXPORT const char* safetensors_version(void);
 /* ---------------------------------------------------------------------------------------------------- */
 /* Dtypes */
 
-/* In rank order (the writer's sort order); the numeric values are stable. */
+/* In rank order (the writer's sort order), numbered from 0 one after another: BOOL is 0, BF16 is 14, U64 is 21.
+   The numeric values are stable (tests/c/c_api_test.c checks each against its code). */
 typedef enum safetensors_dtype_t {
   SAFETENSORS_BOOL = 0,
-  SAFETENSORS_F4 = 1,
-  SAFETENSORS_F6_E2M3 = 2,
-  SAFETENSORS_F6_E3M2 = 3,
-  SAFETENSORS_U8 = 4,
-  SAFETENSORS_I8 = 5,
-  SAFETENSORS_F8_E5M2 = 6,
-  SAFETENSORS_F8_E4M3 = 7,
-  SAFETENSORS_F8_E8M0 = 8,
-  SAFETENSORS_F8_E4M3FNUZ = 9,
-  SAFETENSORS_F8_E5M2FNUZ = 10,
-  SAFETENSORS_I16 = 11,
-  SAFETENSORS_U16 = 12,
-  SAFETENSORS_F16 = 13,
-  SAFETENSORS_BF16 = 14,
-  SAFETENSORS_I32 = 15,
-  SAFETENSORS_U32 = 16,
-  SAFETENSORS_F32 = 17,
-  SAFETENSORS_C64 = 18,
-  SAFETENSORS_F64 = 19,
-  SAFETENSORS_I64 = 20,
-  SAFETENSORS_U64 = 21
+  SAFETENSORS_F4,
+  SAFETENSORS_F6_E2M3,
+  SAFETENSORS_F6_E3M2,
+  SAFETENSORS_U8,
+  SAFETENSORS_I8,
+  SAFETENSORS_F8_E5M2,
+  SAFETENSORS_F8_E4M3,
+  SAFETENSORS_F8_E8M0,
+  SAFETENSORS_F8_E4M3FNUZ,
+  SAFETENSORS_F8_E5M2FNUZ,
+  SAFETENSORS_I16,
+  SAFETENSORS_U16,
+  SAFETENSORS_F16,
+  SAFETENSORS_BF16,
+  SAFETENSORS_I32,
+  SAFETENSORS_U32,
+  SAFETENSORS_F32,
+  SAFETENSORS_C64,
+  SAFETENSORS_F64,
+  SAFETENSORS_I64,
+  SAFETENSORS_U64
 } safetensors_dtype_t;
 
 /* The header code ("F32"), or NULL for a value outside the enum. */

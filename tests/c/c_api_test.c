@@ -365,6 +365,14 @@ static void test_open_options(void) {
 }
 
 static void test_dtypes_and_names(void) {
+  /* The dtype numbers are ABI: the code of each number, in rank order, and nothing past U64. */
+  static const char* const kByNumber[] = {
+      "BOOL", "F4",  "F6_E2M3", "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
+      "I16",  "U16", "F16",     "BF16",    "I32", "U32", "F32",     "C64",     "F64",     "I64",         "U64"};
+  for (int i = 0; i < (int)(sizeof kByNumber / sizeof kByNumber[0]); ++i) {
+    CHECK(safetensors_dtype_code(i) != NULL && strcmp(safetensors_dtype_code(i), kByNumber[i]) == 0);
+  }
+  CHECK(SAFETENSORS_U64 == 21 && safetensors_dtype_code(22) == NULL);
   CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_BF16), "BF16") == 0);
   CHECK(strcmp(safetensors_dtype_code(SAFETENSORS_F8_E4M3FNUZ), "F8_E4M3FNUZ") == 0);
   CHECK(safetensors_dtype_bits(SAFETENSORS_F4) == 4 && safetensors_dtype_bits(SAFETENSORS_C64) == 64);
