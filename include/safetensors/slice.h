@@ -102,18 +102,22 @@ class SAFETENSORS_EXPORT SlicePlan {
     std::int64_t step_bytes;
   };
 
+  // The result.
   Dtype dtype_ = Dtype::kU8;
   std::vector<std::uint64_t> shape_;
-  std::vector<Axis> axes_;  // outermost first; the runs are the odometer walk over these
-  std::uint64_t base_ = 0;  // source byte offset of the first run
+  std::uint64_t nbytes_ = 0;
+  bool whole_ = false;
+  // The runs: the odometer walk over axes_ (outermost first) from base_, the source byte offset of the first
+  // run, and the span of the source they touch.
+  std::vector<Axis> axes_;
+  std::uint64_t base_ = 0;
   std::uint64_t run_bytes_ = 0;
   std::uint64_t run_count_ = 0;
-  std::uint64_t nbytes_ = 0;
   std::uint64_t source_begin_ = 0;
   std::uint64_t source_end_ = 0;
-  bool whole_ = false;
+  // The result as a strided view: one stride per result axis, in elements, from first_element_.
+  std::vector<std::int64_t> strides_;
   std::uint64_t first_element_ = 0;
-  std::vector<std::int64_t> strides_;  // one per result axis, in elements
 };
 
 template <typename Fn>
