@@ -63,20 +63,16 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "IncompatibleKeys", "LoadStats", "load_file", 
 #: whole file per rank with 16 MiB chunks on a disk with read_ahead_kb=8192.
 DEFAULT_CHUNK_BYTES = 4 << 20
 
+#: Where a rank's tensors go: ``"cpu"``, ``"cuda:1"``, ``"npu:0"``, a device index, a ``torch.device``.
+Device = Union[str, int, torch.device]
+
 
 # -- the public entry points -----------------------------------------------------------------------------------
 
-def load_file(
-    filename: PathLike,
-    device: Union[str, int, torch.device] = "cpu",
-    *,
-    group: Optional[dist.ProcessGroup] = None,
-    plan: Plan = None,
-    backend: str = "auto",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    stats: Optional[LoadStats] = None,
-    storage_options: Optional[StorageOptions] = None,
-) -> Dict[str, torch.Tensor]:
+def load_file(filename: PathLike, device: Device = "cpu", *, group: Optional[dist.ProcessGroup] = None,
+              plan: Plan = None, backend: str = "auto", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+              stats: Optional[LoadStats] = None,
+              storage_options: Optional[StorageOptions] = None) -> Dict[str, torch.Tensor]:
     """Loads ``filename`` on every rank of ``group``, reading each byte from storage once per group.
 
     Every rank of the group must call this (a collective). Ranks may pass different paths to the same
@@ -114,17 +110,10 @@ def load_file(
                       backend, chunk_bytes, stats)
 
 
-def load_sharded(
-    checkpoint: Union[PathLike, Sequence[PathLike]],
-    device: Union[str, int, torch.device] = "cpu",
-    *,
-    group: Optional[dist.ProcessGroup] = None,
-    plan: Plan = None,
-    backend: str = "auto",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    stats: Optional[LoadStats] = None,
-    storage_options: Optional[StorageOptions] = None,
-) -> Dict[str, torch.Tensor]:
+def load_sharded(checkpoint: Union[PathLike, Sequence[PathLike]], device: Device = "cpu", *,
+                 group: Optional[dist.ProcessGroup] = None, plan: Plan = None, backend: str = "auto",
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, stats: Optional[LoadStats] = None,
+                 storage_options: Optional[StorageOptions] = None) -> Dict[str, torch.Tensor]:
     """:func:`load_file` for a checkpoint of several files, planned and scheduled as one.
 
     ``checkpoint`` is an index file (``model.safetensors.index.json``: the shards it names, each limited to
