@@ -4,6 +4,7 @@
 // after the first iteration; it is removed at exit.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +57,25 @@ void set_rate(benchmark::State& state) {
       static_cast<double>(total_bytes()) * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
+// Runs one prefetch of `plan` with range(0) reader threads to its end, handing each staged event to
+// on_staged; returns its stats (a failure is reported as the benchmark's error).
+template <class OnStaged>
+safetensors::PrefetchStats prefetch_all(benchmark::State& state, const std::vector<safetensors::Piece>& plan,
+                                        OnStaged on_staged) {
+  auto pf = safetensors::Prefetcher::start(fixture().file, plan, {.threads = static_cast<unsigned>(state.range(0))});
+  if (!pf.ok()) {
+    state.SkipWithError(pf.error().to_string().c_str());
+    return {};
+  }
+  for (;;) {
+    auto ev = (*pf)->next();
+    if (!ev.ok()) state.SkipWithError(ev.error().to_string().c_str());
+    if (!ev.ok() || ev->kind == safetensors::PrefetchEvent::Kind::kEnd) break;
+    if (ev->kind == safetensors::PrefetchEvent::Kind::kStaged) on_staged(**pf, *ev);
+  }
+  return (*pf)->stats();
+}
+
 void BM_ReadMany(benchmark::State& state) {
   Fixture& fx = fixture();
   std::vector<safetensors::ReadRequest> reqs;
@@ -77,12 +97,7 @@ void BM_PrefetchDirect(benchmark::State& state) {
     plan.push_back(p);
   }
   for (auto _ : state) {
-    auto pf = safetensors::Prefetcher::start(fx.file, plan, {.threads = static_cast<unsigned>(state.range(0))});
-    for (;;) {
-      auto ev = (*pf)->next();
-      if (!ev.ok()) state.SkipWithError(ev.error().to_string().c_str());
-      if (!ev.ok() || ev->kind == safetensors::PrefetchEvent::Kind::kEnd) break;
-    }
+    prefetch_all(state, plan, [](auto&, const auto&) {});
   }
   set_rate(state);
 }
@@ -96,20 +111,16 @@ void BM_PrefetchStaged(benchmark::State& state) {
   std::vector<safetensors::Piece> plan;
   for (const auto& t : fx.file.tensors()) plan.push_back(*safetensors::tensor_piece(fx.file, t));
   const bool copy = state.range(1) != 0;
-  std::uint64_t waited = 0;
+  std::chrono::nanoseconds waited{0};
   for (auto _ : state) {
-    auto pf = safetensors::Prefetcher::start(fx.file, plan, {.threads = static_cast<unsigned>(state.range(0))});
-    for (;;) {
-      auto ev = (*pf)->next();
-      if (!ev.ok()) state.SkipWithError(ev.error().to_string().c_str());
-      if (!ev.ok() || ev->kind == safetensors::PrefetchEvent::Kind::kEnd) break;
-      if (copy) std::memcpy(fx.dsts[ev->piece].data() + ev->offset, ev->bytes.data(), ev->bytes.size());
-      (void)(*pf)->release(ev->slab);
-    }
-    waited += (*pf)->stats().slab_wait_ns;
+    waited += prefetch_all(state, plan, [&](safetensors::Prefetcher& pf, const safetensors::PrefetchEvent& ev) {
+                if (copy) std::memcpy(fx.dsts[ev.piece].data() + ev.offset, ev.bytes.data(), ev.bytes.size());
+                (void)pf.release(ev.slab);
+              }).slab_wait;
   }
   set_rate(state);
-  state.counters["slab_wait_ms/iter"] = static_cast<double>(waited) / 1e6 / static_cast<double>(state.iterations());
+  state.counters["slab_wait_ms/iter"] =
+      static_cast<double>(waited.count()) / 1e6 / static_cast<double>(state.iterations());
   state.counters["pool_peak_MiB"] = static_cast<double>(pool.stats().peak_bytes) / (1 << 20);
 }
 BENCHMARK(BM_PrefetchStaged)->Args({8, 0})->Args({8, 1})->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -114,8 +114,13 @@ struct SlabAllocator {
 };
 
 struct SlabPoolStats {
+  // The settings: the most bytes allocated at once, and the size of each slab.
   std::uint64_t capacity = 0;
   std::uint64_t slab_bytes = 0;
+  // Total time readers waited for room in the pool (every prefetcher's readers added up, since construction):
+  // what a larger capacity would have saved. Waits for a prefetcher's own max_slabs are not counted here (see
+  // PrefetchStats::slab_wait).
+  std::chrono::nanoseconds wait{0};
   // Bytes allocated now (slabs in use + free slabs + allocations in progress); never above capacity.
   std::uint64_t allocated_bytes = 0;
   // The most allocated_bytes ever was (since construction or reset_peak()).
@@ -124,16 +129,16 @@ struct SlabPoolStats {
   std::uint64_t slabs_in_use = 0;
   // Slabs allocated and idle.
   std::uint64_t slabs_free = 0;
+  // Prefetchers attached now.
+  std::uint64_t users = 0;
+  // Whether slabs now come from a set_allocator() allocator rather than the default one.
+  bool custom_allocator = false;
   // Calls made to the allocator, in total.
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
-  // Prefetchers attached now.
-  std::uint64_t users = 0;
   // set_allocator() calls that succeeded, in total: a caller that installed an allocator knows it is still
   // the pool's while this is the value it saw right after installing it.
   std::uint64_t allocator_changes = 0;
-  // Whether slabs now come from a set_allocator() allocator rather than the default one.
-  bool custom_allocator = false;
 };
 
 // A bounded pool of equally sized host slabs, shared by every Prefetcher that uses it: never more than
@@ -240,6 +245,11 @@ struct PrefetchEvent {
 };
 
 struct PrefetchStats {
+  // The read phase, on std::chrono::steady_clock (CLOCK_MONOTONIC on Linux): when start() started the readers,
+  // and when the last read that succeeded so far ended (the clock's epoch before the first). For benchmarks
+  // that relate device copies to the reads (slab waits lie inside the phase; see slab_wait).
+  std::chrono::steady_clock::time_point started{};
+  std::chrono::steady_clock::time_point last_read_end{};
   // Bytes read from the file (merged gaps included), and how many reads that took.
   std::uint64_t bytes_read = 0;
   std::uint64_t reads = 0;
@@ -248,15 +258,10 @@ struct PrefetchStats {
   std::uint64_t bytes_direct = 0;
   // Chunks in the plan (each one read).
   std::uint64_t chunks = 0;
-  // Total time reader threads waited for a slab (the per-prefetcher limit or the pool), in nanoseconds.
-  std::uint64_t slab_wait_ns = 0;
+  // Total time reader threads waited for a slab (the per-prefetcher limit or the pool).
+  std::chrono::nanoseconds slab_wait{0};
   // Staged events handed out by next() and not yet released.
   std::uint64_t events_lent = 0;
-  // The read phase, in std::chrono::steady_clock nanoseconds (CLOCK_MONOTONIC on Linux): when start() started
-  // the readers, and when the last read that succeeded so far ended (0 before the first). For benchmarks that
-  // relate device copies to the reads (slab waits lie inside the phase; see slab_wait_ns).
-  std::uint64_t started_ns = 0;
-  std::uint64_t last_read_end_ns = 0;
 };
 
 // A running prefetch of one plan over one File. Created by start(); readers run until every chunk was read,

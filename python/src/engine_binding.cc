@@ -223,6 +223,9 @@ SlabAllocator to_allocator(std::optional<nb::object> alloc, std::optional<nb::ob
 }
 
 // Stats as the binding hands them out: a dict[str, int] of named counters.
+// A duration in whole nanoseconds, the unit of the counters Python gets (`slab_wait_ns`, `started_ns`, ...).
+std::uint64_t nanoseconds(std::chrono::nanoseconds d) { return static_cast<std::uint64_t>(d.count()); }
+
 nb::dict counters(std::initializer_list<std::pair<const char*, std::uint64_t>> named) {
   nb::dict d;
   for (const auto& [name, value] : named) d[name] = value;
@@ -233,15 +236,16 @@ nb::dict pool_stats() {
   const SlabPoolStats s = SlabPool::global().stats();
   return counters({{"capacity", s.capacity},
                    {"slab_bytes", s.slab_bytes},
+                   {"wait_ns", nanoseconds(s.wait)},
                    {"allocated_bytes", s.allocated_bytes},
                    {"peak_bytes", s.peak_bytes},
                    {"slabs_in_use", s.slabs_in_use},
                    {"slabs_free", s.slabs_free},
+                   {"users", s.users},
+                   {"custom_allocator", s.custom_allocator},
                    {"allocations", s.allocations},
                    {"frees", s.frees},
-                   {"users", s.users},
-                   {"allocator_changes", s.allocator_changes},
-                   {"custom_allocator", s.custom_allocator}});
+                   {"allocator_changes", s.allocator_changes}});
 }
 
 using PyPiece = std::tuple<std::string, std::uint64_t, std::uint64_t, std::optional<std::uintptr_t>>;
@@ -383,10 +387,10 @@ void bind_engine(nb::module_& m) {
                              {"bytes_staged", s.bytes_staged},
                              {"bytes_direct", s.bytes_direct},
                              {"chunks", s.chunks},
-                             {"slab_wait_ns", s.slab_wait_ns},
+                             {"slab_wait_ns", nanoseconds(s.slab_wait)},
                              {"events_lent", s.events_lent},
-                             {"started_ns", s.started_ns},
-                             {"last_read_end_ns", s.last_read_end_ns}});
+                             {"started_ns", nanoseconds(s.started.time_since_epoch())},
+                             {"last_read_end_ns", nanoseconds(s.last_read_end.time_since_epoch())}});
           },
           nb::sig("def stats(self) -> dict[str, int]"),
           "Counters: bytes read, bytes staged/direct, reads, chunks, nanoseconds readers waited for slabs, ...");
@@ -442,7 +446,8 @@ void bind_engine(nb::module_& m) {
       "slab_pool_reset_peak", [] { SlabPool::global().reset_peak(); },
       "Restarts the pool's peak_bytes counter from the bytes allocated now.");
   m.def("slab_pool_stats", &pool_stats, nb::sig("def slab_pool_stats() -> dict[str, int]"),
-        "Counters of the process-wide slab pool (bytes allocated now and at peak, slabs in use, ...).");
+        "Counters of the process-wide slab pool (bytes allocated now and at peak, nanoseconds readers waited for "
+        "room in it, slabs in use, ...).");
 }
 
 }  // namespace safetensors::python

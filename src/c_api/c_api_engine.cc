@@ -148,8 +148,9 @@ void safetensors_prefetch_cancel(safetensors_prefetcher_t* prefetcher) { prefetc
 
 void safetensors_prefetch_stats(const safetensors_prefetcher_t* prefetcher, safetensors_prefetch_stats_t* stats) {
   const safetensors::PrefetchStats s = prefetcher->prefetcher->stats();
-  *stats = safetensors_prefetch_stats_t{s.bytes_read, s.reads,        s.bytes_staged, s.bytes_direct,
-                                        s.chunks,     s.slab_wait_ns, s.events_lent};
+  *stats = safetensors_prefetch_stats_t{s.bytes_read,   s.reads,  s.bytes_staged,
+                                        s.bytes_direct, s.chunks, static_cast<std::uint64_t>(s.slab_wait.count()),
+                                        s.events_lent};
 }
 
 safetensors_code_t safetensors_slab_pool_set_capacity(uint64_t bytes, safetensors_error_t** error) {

@@ -482,9 +482,11 @@ PrefetchStats Prefetcher::stats() const {
   s.bytes_staged = m.bytes_staged.load(std::memory_order_relaxed);
   s.bytes_direct = m.bytes_direct.load(std::memory_order_relaxed);
   s.chunks = m.chunks.size();
-  s.slab_wait_ns = m.slab_wait_ns.load(std::memory_order_relaxed);
-  s.started_ns = m.started_ns.load(std::memory_order_relaxed);
-  s.last_read_end_ns = m.last_read_end_ns.load(std::memory_order_relaxed);
+  // The impl keeps plain nanosecond counts, which atomics hold; the stats give them their types.
+  using Clock = std::chrono::steady_clock;
+  s.slab_wait = std::chrono::nanoseconds(m.slab_wait_ns.load(std::memory_order_relaxed));
+  s.started = Clock::time_point(std::chrono::nanoseconds(m.started_ns.load(std::memory_order_relaxed)));
+  s.last_read_end = Clock::time_point(std::chrono::nanoseconds(m.last_read_end_ns.load(std::memory_order_relaxed)));
   MutexLock lock(&m.mu);
   s.events_lent = m.events_lent;
   return s;

@@ -53,6 +53,7 @@ struct SlabPool::State {
   std::uint64_t slab_bytes GUARDED_BY(mu) = kDefaultSlabBytes;
   std::uint64_t allocated GUARDED_BY(mu) = 0;
   std::uint64_t peak GUARDED_BY(mu) = 0;
+  std::chrono::nanoseconds wait GUARDED_BY(mu){0};
   std::uint64_t in_use GUARDED_BY(mu) = 0;
   std::uint64_t allocations GUARDED_BY(mu) = 0;
   std::uint64_t frees GUARDED_BY(mu) = 0;
@@ -88,17 +89,19 @@ Result<Lease> SlabPoolAccess::acquire(SlabPool& pool, std::uint64_t bytes, const
   {
     MutexLock lock(&s.mu);
     std::optional<std::chrono::steady_clock::time_point> wait_start;
+    // The time waited so far, added to the acquirer's count; each caller adds it to the pool's total (s.wait,
+    // which the lock guards: the thread-safety analysis does not see the lock held inside a lambda).
     auto account_wait = [&] {
+      std::chrono::nanoseconds waited{0};
       if (wait_start) {
-        wait_ns->fetch_add(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                          std::chrono::steady_clock::now() - *wait_start)
-                                                          .count()),
-                           std::memory_order_relaxed);
+        waited = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - *wait_start);
+        wait_ns->fetch_add(static_cast<std::uint64_t>(waited.count()), std::memory_order_relaxed);
       }
+      return waited;
     };
     for (;;) {
       if (stop.load(std::memory_order_acquire)) {
-        account_wait();
+        s.wait += account_wait();
         return Error::invalid_argument(context, "the prefetch was cancelled");
       }
       auto fit = std::find_if(s.free_list.begin(), s.free_list.end(),
@@ -107,7 +110,7 @@ Result<Lease> SlabPoolAccess::acquire(SlabPool& pool, std::uint64_t bytes, const
         SlabMemory m = std::move(*fit);
         s.free_list.erase(fit);
         ++s.in_use;
-        account_wait();
+        s.wait += account_wait();
         return Lease(&pool, std::move(m));
       }
       size = round_up_to_page(std::max(bytes, s.slab_bytes));
@@ -125,7 +128,7 @@ Result<Lease> SlabPoolAccess::acquire(SlabPool& pool, std::uint64_t bytes, const
       if (!wait_start) wait_start = std::chrono::steady_clock::now();
       s.cv.wait();
     }
-    account_wait();
+    s.wait += account_wait();
     // Reserved before allocating, so concurrent acquirers never exceed the capacity together.
     s.allocated += size;
     s.peak = std::max(s.peak, s.allocated);
@@ -282,9 +285,20 @@ void SlabPool::trim() {
 SlabPoolStats SlabPool::stats() const {
   State& s = *state_;
   MutexLock lock(&s.mu);
-  return {s.capacity, s.slab_bytes,        s.allocated,       s.peak,
-          s.in_use,   s.free_list.size(),  s.allocations,     s.frees,
-          s.users,    s.allocator_changes, s.custom_allocator};
+  SlabPoolStats out;
+  out.capacity = s.capacity;
+  out.slab_bytes = s.slab_bytes;
+  out.wait = s.wait;
+  out.allocated_bytes = s.allocated;
+  out.peak_bytes = s.peak;
+  out.slabs_in_use = s.in_use;
+  out.slabs_free = s.free_list.size();
+  out.users = s.users;
+  out.custom_allocator = s.custom_allocator;
+  out.allocations = s.allocations;
+  out.frees = s.frees;
+  out.allocator_changes = s.allocator_changes;
+  return out;
 }
 
 void SlabPool::reset_peak() {

@@ -89,6 +89,8 @@ def test_staged_through_slabs_with_memmove(model, backend):
                 assert bytes(got) == h.get_tensor(name).tobytes(), name
             assert bytes(out[-1]) == h.get_tensor("layer3.w")[5:17].tobytes()
         stats = cpp.engine.slab_pool_stats()
+        assert list(stats) == ["capacity", "slab_bytes", "wait_ns", "allocated_bytes", "peak_bytes", "slabs_in_use",
+                               "slabs_free", "users", "custom_allocator", "allocations", "frees", "allocator_changes"]
         assert stats["peak_bytes"] <= stats["capacity"]
         assert stats["slabs_in_use"] == 0
     finally:
