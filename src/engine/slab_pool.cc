@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <new>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,29 +87,14 @@ Result<Lease> SlabPoolAccess::acquire(SlabPool& pool, std::uint64_t bytes, const
   std::uint64_t size = 0;
   {
     MutexLock lock(&s.mu);
-    std::optional<std::chrono::steady_clock::time_point> wait_start;
-    // The time waited so far, added to the acquirer's count; each caller adds it to the pool's total (s.wait,
-    // which the lock guards: the thread-safety analysis does not see the lock held inside a lambda).
-    auto account_wait = [&] {
-      std::chrono::nanoseconds waited{0};
-      if (wait_start) {
-        waited = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - *wait_start);
-        wait_ns->fetch_add(static_cast<std::uint64_t>(waited.count()), std::memory_order_relaxed);
-      }
-      return waited;
-    };
     for (;;) {
-      if (stop.load(std::memory_order_acquire)) {
-        s.wait += account_wait();
-        return Error::invalid_argument(context, "the prefetch was cancelled");
-      }
+      if (stop.load(std::memory_order_acquire)) return Error::invalid_argument(context, "the prefetch was cancelled");
       auto fit = std::find_if(s.free_list.begin(), s.free_list.end(),
                               [&](const SlabMemory& m) { return m.get_deleter().size >= bytes; });
       if (fit != s.free_list.end()) {
         SlabMemory m = std::move(*fit);
         s.free_list.erase(fit);
         ++s.in_use;
-        s.wait += account_wait();
         return Lease(&pool, std::move(m));
       }
       size = round_up_to_page(std::max(bytes, s.slab_bytes));
@@ -125,10 +109,14 @@ Result<Lease> SlabPoolAccess::acquire(SlabPool& pool, std::uint64_t bytes, const
         s.take_free(&doomed, [](const SlabMemory&) { return true; });
         continue;
       }
-      if (!wait_start) wait_start = std::chrono::steady_clock::now();
+      // No room: wait for a slab to come back. The wait counts for the pool and for the acquirer.
+      const auto wait_start = std::chrono::steady_clock::now();
       s.cv.wait();
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - wait_start);
+      s.wait += waited;
+      wait_ns->fetch_add(static_cast<std::uint64_t>(waited.count()), std::memory_order_relaxed);
     }
-    s.wait += account_wait();
     // Reserved before allocating, so concurrent acquirers never exceed the capacity together.
     s.allocated += size;
     s.peak = std::max(s.peak, s.allocated);
