@@ -84,7 +84,7 @@ def fresh(run: Runner, size: Optional[int]) -> None:
                                f"{run.cfg['fresh_idle']:g} s idle, each 512 KiB step faulted in first "
                                f"({threads} threads)", "fresh_ceiling",
                                {"path": st, "evict": temp == "cold", "idle": run.cfg["fresh_idle"],
-                                "threads": threads, "memory": 3})
+                                "others": [pt], "threads": threads, "memory": 3})
     finally:
         for p in (st, pt):
             if p and os.path.exists(p):

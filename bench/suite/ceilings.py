@@ -152,11 +152,7 @@ class FreshCeiling:
         path = request["path"]
         if request.get("idle"):
             time.sleep(request["idle"])
-        extra = {}
-        if request["evict"]:
-            extra["resident_before"] = pagecache.evict(path)
-        else:
-            pagecache.warm(path)
+        extra = pagecache.prepare(path, request["evict"], request.get("others", ()))
         r = self.ceilings._run("pread", path, request["threads"], 1, request["memory"])
         return {"seconds": r["seconds"][0], "bytes": r["bytes"], **extra}
 

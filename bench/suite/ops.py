@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from suite.pagecache import PAGE, evict, fsync_path, memory, reset_peak, warm
+from suite.pagecache import PAGE, fsync_path, memory, prepare, reset_peak, warm
 
 # ---------------------------------------------------------------------------------------------------------
 # Model layouts: which tensors a benchmark file holds
@@ -220,7 +220,8 @@ def _import_peer(method: str) -> None:
 
 
 def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
-    """One load by p["method"]; with p["evict"], the file it reads is evicted first (checked with mincore)."""
+    """One load by p["method"]; with p["evict"], the file it reads is evicted first (checked with mincore), and the
+    other file of the request (the checkpoint in the other format) always is."""
     method, path, pt = p["method"], p["path"], p.get("pt", "")
     src = pt if method.startswith("torch") else path
     out: Dict[str, Any] = {}
@@ -228,10 +229,7 @@ def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
         # Memory freed by the previous measurement sits idle first, as it does before a user's new process
         # (on a VM with free page reporting, recently freed huge pages are far cheaper than idle ones).
         time.sleep(p["idle"])
-    if p.get("evict"):
-        out["resident_before"] = evict(src)
-    elif p.get("warm", True):
-        warm(src)
+    out.update(prepare(src, bool(p.get("evict")), (path, pt), read=p.get("warm", True)))
     _import_peer(method)
     reset_peak()
     m0 = memory()

@@ -8,7 +8,7 @@ import ctypes
 import mmap
 import os
 import re
-from typing import Dict
+from typing import Dict, Sequence
 
 PAGE = mmap.PAGESIZE
 
@@ -59,6 +59,21 @@ def warm(path: str) -> None:
         buf = bytearray(8 << 20)
         while f.readinto(buf):
             pass
+
+
+def prepare(path: str, cold: bool, others: Sequence[str] = (), read: bool = True) -> Dict[str, float]:
+    """Sets the page cache up for one measured read of `path`, as a user's load would meet it: the run's other
+    files (`others`: the same checkpoint in torch's format) evicted, so that only `path` can be cached and a
+    6 GiB load does not meet 12 GiB of page cache; then `path` evicted (cold: returns the fraction still
+    resident as resident_before) or, with `read`, read once (warm)."""
+    for other in others:
+        if other and other != path and os.path.exists(other):
+            evict(other)
+    if cold:
+        return {"resident_before": evict(path)}
+    if read:
+        warm(path)
+    return {}
 
 
 def memory() -> Dict[str, int]:
