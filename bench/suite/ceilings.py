@@ -10,7 +10,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -150,9 +149,7 @@ class FreshCeiling:
         if self.ceilings.exe is None:
             raise MeasurementError("no C compiler: ceiling not measured")
         path = request["path"]
-        if request.get("idle"):
-            time.sleep(request["idle"])
-        extra = pagecache.prepare(path, request["evict"], request.get("others", ()))
+        extra = pagecache.prepare(path, request["evict"], request.get("others", ()), idle=request.get("idle", 0))
         r = self.ceilings._run("pread", path, request["threads"], 1, request["memory"])
         return {"seconds": r["seconds"][0], "bytes": r["bytes"], **extra}
 

@@ -220,16 +220,12 @@ def _import_peer(method: str) -> None:
 
 
 def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
-    """One load by p["method"]; with p["evict"], the file it reads is evicted first (checked with mincore), and the
-    other file of the request (the checkpoint in the other format) always is."""
+    """One load by p["method"], after p["idle"] seconds of idle; with p["evict"], the file it reads is evicted
+    first (checked with mincore), and the other file of the request (the checkpoint in the other format) always
+    is (pagecache.prepare)."""
     method, path, pt = p["method"], p["path"], p.get("pt", "")
     src = pt if method.startswith("torch") else path
-    out: Dict[str, Any] = {}
-    if p.get("idle"):
-        # Memory freed by the previous measurement sits idle first, as it does before a user's new process
-        # (on a VM with free page reporting, recently freed huge pages are far cheaper than idle ones).
-        time.sleep(p["idle"])
-    out.update(prepare(src, bool(p.get("evict")), (path, pt), read=p.get("warm", True)))
+    out: Dict[str, Any] = prepare(src, bool(p.get("evict")), (path, pt), p.get("warm", True), p.get("idle", 0))
     _import_peer(method)
     reset_peak()
     m0 = memory()

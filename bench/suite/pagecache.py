@@ -8,6 +8,7 @@ import ctypes
 import mmap
 import os
 import re
+import time
 from typing import Dict, Sequence
 
 PAGE = mmap.PAGESIZE
@@ -61,16 +62,23 @@ def warm(path: str) -> None:
             pass
 
 
-def prepare(path: str, cold: bool, others: Sequence[str] = (), read: bool = True) -> Dict[str, float]:
+def prepare(path: str, cold: bool, others: Sequence[str] = (), read: bool = True, idle: float = 0) -> Dict[str, float]:
     """Sets the page cache up for one measured read of `path`, as a user's load would meet it: the run's other
     files (`others`: the same checkpoint in torch's format) evicted, so that only `path` can be cached and a
-    6 GiB load does not meet 12 GiB of page cache; then `path` evicted (cold: returns the fraction still
-    resident as resident_before) or, with `read`, read once (warm)."""
-    for other in others:
-        if other and other != path and os.path.exists(other):
+    6 GiB load does not meet 12 GiB of page cache, and (cold) `path` evicted too; then `idle` seconds of sleep,
+    so that the memory those evictions and the previous measurement freed sits idle, as before a user's new
+    process (on a VM with free page reporting, memory freed a moment ago is far cheaper than idle memory, and
+    reporting gigabytes of it to the host takes CPU time from a measurement that starts at once); then (cold)
+    the fraction of `path` still resident is returned as resident_before, or (warm, with `read`) `path` is
+    read once."""
+    dropped = [other for other in others if other and other != path] + ([path] if cold else [])
+    for other in dropped:
+        if os.path.exists(other):
             evict(other)
+    if idle:
+        time.sleep(idle)
     if cold:
-        return {"resident_before": evict(path)}
+        return {"resident_before": resident_fraction(path)}
     if read:
         warm(path)
     return {}
