@@ -31,7 +31,12 @@
  *                                               directory); the file is unlinked after each repetition
  *
  * Prints one JSON object: {"op", "bytes", "threads", "seconds": [one per repetition]}, and for pread and uring
- * also "minor_faults", "user_seconds", "sys_seconds": the process's getrusage over all repetitions. Fresh
+ * also "minor_faults", "user_seconds", "sys_seconds": the process's getrusage over all repetitions.
+ * With CEILINGS_START_AT set (seconds on CLOCK_MONOTONIC, which every process of the machine shares), the
+ * first repetition of touch, pread and uring waits until then before its clock starts, and "late_seconds"
+ * says how far past it that was (0: on time): the harness sets it to the moment the previous measured process
+ * ended plus its idle, so a C row's fill meets memory freed exactly as long before as a Python row's load,
+ * whose interpreter start-up falls inside the same pause (bench/suite/pagecache.py, wait_until). Fresh
  * memory is anonymous private mmap, without MADV_HUGEPAGE unless HUGE=1 / MEMORY=2: plain is what glibc malloc
  * (and so torch.empty) gives a large allocation; numpy asks for huge pages on large arrays, which on a kernel
  * with transparent huge pages set to "madvise" makes first touch take 512x fewer page faults (whether it is
@@ -64,6 +69,16 @@ static double now(void) {
 }
 
 static double seconds_of(struct timeval tv) { return (double)tv.tv_sec + (double)tv.tv_usec * 1e-6; }
+
+/* Sleeps until `at` on the CLOCK_MONOTONIC clock; returns how many seconds past it this returns (0: on time). */
+static double wait_until(double at) {
+  double left = at - now();
+  if (left <= 0) return -left;
+  struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+  return 0;
+}
 
 static void die(const char* what) {
   fprintf(stderr, "ceilings: %s: %s\n", what, strerror(errno));
@@ -373,10 +388,12 @@ int main(int argc, char** argv) {
   }
   printf("{\"op\": \"%s\", \"bytes\": %zu, \"threads\": %u, \"seconds\": [", opname, j.bytes, threads);
   struct rusage before, after;
-  double busy = 0, kernel = 0;
+  double busy = 0, kernel = 0, late = 0;
   long faults = 0;
+  const char* start_at = getenv("CEILINGS_START_AT");
   for (int r = 0; r < reps; ++r) {
     if (idle) sleep(idle);
+    if (r == 0 && start_at && *start_at) late = wait_until(strtod(start_at, NULL));
     getrusage(RUSAGE_SELF, &before);
     double t0 = now();
     if (fresh_each) j.dst = fresh(j.bytes);
@@ -393,6 +410,7 @@ int main(int argc, char** argv) {
     if (fresh_each) munmap(j.dst, j.bytes ? j.bytes : 1);
     printf("%s%.9f", r ? ", " : "", t);
   }
-  printf("], \"minor_faults\": %ld, \"user_seconds\": %.6f, \"sys_seconds\": %.6f}\n", faults, busy, kernel);
+  printf("], \"minor_faults\": %ld, \"user_seconds\": %.6f, \"sys_seconds\": %.6f, \"late_seconds\": %.6f}\n", faults,
+         busy, kernel, late);
   return 0;
 }

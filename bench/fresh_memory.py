@@ -4,9 +4,10 @@ peers that also hand out owned tensors and this machine's own ways of filling fr
     .venv/bin/python bench/fresh_memory.py --sizes 2G,6G --reps 5 [--markdown OUT.md]
     .venv/bin/python bench/run.py --cases none --sections fresh-memory  # runs it into BENCHMARKS.md
 
-Every row is one load in a new process, with the file in the page cache (read just before) and the memory the
-previous process freed left idle for 5 s first (--idle), as before a user's new process; the rows take turns
-(round 1 of each, then round 2, ...). Python rows are `bench/worker.py once load` (imports and a warm-up on a
+Every row is one load in a new process, with the file in the page cache (read just before), its clock started
+5 s (--idle) after the previous row's process ended, whatever its own process does first (an interpreter's
+start-up and imports fall inside that pause: bench/suite/pagecache.py, start_after), so that every row meets
+memory freed equally long before; the rows take turns (round 1 of each, then round 2, ...). Python rows are `bench/worker.py once load` (imports and a warm-up on a
 tiny file before the clock starts); the C rows are `bench/ceilings.c`, one repetition per process. Each row shows
 min / median / max wall time, and the median of the process's minor page faults and of its system and user
 CPU time during the load (getrusage, every thread included): how its destination met fresh memory.
@@ -27,8 +28,13 @@ hands free memory back to its host (virtio free page reporting, this one), a hug
 been free for a few seconds is faulted in again by the host, 4 KiB at a time, and costs several times what the
 same bytes on 4 KiB pages cost; memory another process freed a moment ago is cheaper on huge pages. This
 package keeps fresh destinations on 4 KiB pages and faults each 512 KiB step in just before reading it
-(README, "Backends"), the fastest of these fills on this machine after idle, and one whose cost does not depend
-on when memory was last freed.
+(README, "Backends"), the fastest of these fills on this machine after idle.
+
+When the memory was freed matters as much as how it is filled: the host takes freed memory back over tens of
+seconds, and on this VM the same C fill of 6 GiB into 4 KiB pages took about 3x longer into memory freed 20 s
+before than into memory freed 0.3 s before. A row whose clock started a second or two later than another's (a
+Python interpreter's start-up against a C program's) met dearer memory, and read as a slower fill than it was:
+hence one start for every row, counted from the end of the previous row's process.
 """
 
 from __future__ import annotations
@@ -40,7 +46,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional
 
@@ -53,6 +58,7 @@ from suite.ceilings import build_ceilings  # noqa: E402
 from suite.common import PEERS_DIR, fmt_time, parse_size, size_name  # noqa: E402  (as the main report writes them)
 from suite import section  # noqa: E402
 from suite.machine import load_average  # noqa: E402
+from suite.pagecache import start_after  # noqa: E402
 
 IDLE = 5.0
 
@@ -84,16 +90,18 @@ ROWS = [
 ]
 
 
-def run_row(row: Row, path: Path, ceilings: Path) -> Dict[str, Any]:
-    """One measurement of `row` in a new process; seconds, minor_faults, sys_seconds, user_seconds."""
+def run_row(row: Row, path: Path, ceilings: Path, start_at: float) -> Dict[str, Any]:
+    """One measurement of `row` in a new process, its clock started at `start_at`; seconds, minor_faults,
+    sys_seconds, user_seconds, late_seconds."""
     env = dict(os.environ)
     if row.kind == "c":
         cmd = [str(ceilings), row.spec.split()[0], str(path), *row.spec.split()[1:]]
+        env["CEILINGS_START_AT"] = repr(start_at)
     else:
         paths = {"ref": [ROOT / ".ref"], "peers": [PEERS_DIR]}.get(row.env, [])
         # This package: the venv's installed one (editable or not), which the reference in .ref shadows.
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
-        request = {"op": "load", "method": row.spec, "path": str(path), "warm": False}
+        request = {"op": "load", "method": row.spec, "path": str(path), "warm": False, "start_at": start_at}
         cmd = [sys.executable, str(HERE / "worker.py"), "once", json.dumps(request)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -101,7 +109,8 @@ def run_row(row: Row, path: Path, ceilings: Path) -> Dict[str, Any]:
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     if row.kind == "c":
         return {"seconds": answer["seconds"][0], "minor_faults": answer["minor_faults"],
-                "sys_seconds": answer["sys_seconds"], "user_seconds": answer["user_seconds"]}
+                "sys_seconds": answer["sys_seconds"], "user_seconds": answer["user_seconds"],
+                "late_seconds": answer["late_seconds"]}
     if not answer.get("ok"):
         raise RuntimeError(f"{row.key}: {answer.get('error')}")
     return answer["result"]
@@ -114,10 +123,12 @@ def measure(path: Path, rows: List[Row], reps: int, ceilings: Path, idle: float)
         for row in rows:
             if row.key in errors:
                 continue
+            # The previous row's process has just ended: this row's clock starts idle s from now, whatever
+            # its process does first (an interpreter's start-up and imports, the warming read below).
+            start_at = start_after(idle)
             worker.warm(str(path))
-            time.sleep(idle)
             try:
-                samples[row.key].append(run_row(row, path, ceilings))
+                samples[row.key].append(run_row(row, path, ceilings, start_at))
             except Exception as e:  # a peer that does not run is reported, not fatal
                 errors[row.key] = str(e).splitlines()[0][:300]
             print(f"[fresh-memory] {path.name} round {rep + 1}/{reps} {row.key}: "
@@ -193,6 +204,10 @@ def reading(size: int, got: Dict[str, Any]) -> List[str]:
     if med("c_pread") and med("c_populate"):
         out.append(f"- Faulting each 512 KiB step in before reading it: {fmt_time(med('c_populate'))} against "
                    f"{fmt_time(med('c_pread'))} for faults taken inside the copy.")
+    late = max((x.get("late_seconds", 0.0) for rows in samples.values() for x in rows), default=0.0)
+    out.append(f"- Every clock started at most {fmt_time(late)} after its start (--idle after the previous row's "
+               "process ended)." if late < 0.05 else f"- A clock started {fmt_time(late)} after its start: its "
+               "process took longer than --idle to start, and met memory freed longer before than the others.")
     if med("c_copy") and med("c_populate"):
         out.append(f"- The copy alone (memory faulted in before the clock) takes {fmt_time(med('c_copy'))}: "
                    f"fresh memory is {1 - med('c_copy') / med('c_populate'):.0%} of the fastest fill's time.")

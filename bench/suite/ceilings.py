@@ -40,8 +40,9 @@ class Ceilings:
         self.threads = sorted({1, nproc})
         self.cold_threads = sorted({1, nproc, 8})
 
-    def _run(self, *args: Any) -> Dict[str, Any]:
-        out = subprocess.run([str(self.exe), *map(str, args)], capture_output=True, text=True)
+    def _run(self, *args: Any, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        out = subprocess.run([str(self.exe), *map(str, args)], capture_output=True, text=True,
+                             env=None if env is None else {**os.environ, **env})
         if out.returncode != 0:
             raise MeasurementError(out.stderr.strip())
         return json.loads(out.stdout)
@@ -137,8 +138,8 @@ class Ceilings:
 
 class FreshCeiling:
     """Case 8's ceiling as a row of its rounds, served like a worker: each request runs bench/ceilings.c once,
-    a new process, after the same idle and the same eviction (or warming) as the loads beside it, so it meets
-    the memory and page cache they meet. The in-process ceilings above recycle memory unmapped a moment
+    a new process, after the same eviction (or warming) as the loads beside it and with its clock started as
+    long after the previous measured process ended (start_at), so it meets the memory and page cache they meet. The in-process ceilings above recycle memory unmapped a moment
     before, which a new process after a pause does not get (on a VM with free page reporting that memory has
     gone back to the host and each page is faulted in again on first touch)."""
 
@@ -149,9 +150,12 @@ class FreshCeiling:
         if self.ceilings.exe is None:
             raise MeasurementError("no C compiler: ceiling not measured")
         path = request["path"]
-        extra = pagecache.prepare(path, request["evict"], request.get("others", ()), idle=request.get("idle", 0))
-        r = self.ceilings._run("pread", path, request["threads"], 1, request["memory"])
-        return {"seconds": r["seconds"][0], "bytes": r["bytes"], **extra}
+        # The C process waits for the start itself (CEILINGS_START_AT), as a Python load does after its imports.
+        extra = pagecache.prepare(path, request["evict"], request.get("others", ()))
+        start_at = request.get("start_at", pagecache.start_after(request["idle"]) if request.get("idle") else None)
+        r = self.ceilings._run("pread", path, request["threads"], 1, request["memory"],
+                               env=None if start_at is None else {"CEILINGS_START_AT": repr(start_at)})
+        return {"seconds": r["seconds"][0], "bytes": r["bytes"], "late_seconds": r["late_seconds"], **extra}
 
     def close(self) -> None:
         pass

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from suite.pagecache import PAGE, fsync_path, memory, prepare, reset_peak, warm
+from suite.pagecache import PAGE, fsync_path, memory, prepare, reset_peak, start_after, warm
 
 # ---------------------------------------------------------------------------------------------------------
 # Model layouts: which tensors a benchmark file holds
@@ -220,13 +220,16 @@ def _import_peer(method: str) -> None:
 
 
 def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
-    """One load by p["method"], after p["idle"] seconds of idle; with p["evict"], the file it reads is evicted
-    first (checked with mincore), and the other file of the request (the checkpoint in the other format) always
-    is (pagecache.prepare)."""
+    """One load by p["method"], its clock started at p["start_at"] (pagecache.start_after: the harness's
+    previous measured process ended p["idle"] seconds before), or p["idle"] seconds from now; with p["evict"],
+    the file it reads is evicted first (checked with mincore), and the other file of the request (the
+    checkpoint in the other format) always is (pagecache.prepare). The peer's imports come first, inside the
+    pause."""
     method, path, pt = p["method"], p["path"], p.get("pt", "")
     src = pt if method.startswith("torch") else path
-    out: Dict[str, Any] = prepare(src, bool(p.get("evict")), (path, pt), p.get("warm", True), p.get("idle", 0))
     _import_peer(method)
+    start_at = p.get("start_at", start_after(p["idle"]) if p.get("idle") else None)
+    out: Dict[str, Any] = prepare(src, bool(p.get("evict")), (path, pt), p.get("warm", True), start_at)
     reset_peak()
     m0 = memory()
     r0 = resource.getrusage(resource.RUSAGE_SELF)

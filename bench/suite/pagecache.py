@@ -9,7 +9,7 @@ import mmap
 import os
 import re
 import time
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 PAGE = mmap.PAGESIZE
 
@@ -62,26 +62,51 @@ def warm(path: str) -> None:
             pass
 
 
-def prepare(path: str, cold: bool, others: Sequence[str] = (), read: bool = True, idle: float = 0) -> Dict[str, float]:
+def wait_until(start_at: float) -> float:
+    """Sleeps until `start_at` on time.monotonic()'s clock (CLOCK_MONOTONIC, shared by every process of the
+    machine, bench/ceilings.c's CEILINGS_START_AT included); returns how many seconds past it this returns
+    (0: on time)."""
+    left = start_at - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+        return 0.0
+    return -left
+
+
+def start_after(idle: float) -> float:
+    """The moment a measured load whose request is sent now starts its clock: `idle` seconds from now. The
+    harness calls it right after the previous measured process ended, so a load in a new interpreter (start-up
+    and imports inside the pause) and a C ceiling (none) both meet memory that was freed `idle` seconds before
+    their clocks start. On a VM with free page reporting that matters more than anything the load does: the
+    host takes freed memory back over tens of seconds, and memory freed 20 s before took 2-3x longer to fill
+    than memory freed 0.3 s before in a C fill of 6 GiB on this machine, so a row that started 1.5 s later
+    than another met measurably dearer memory."""
+    return time.monotonic() + idle
+
+
+def prepare(path: str, cold: bool, others: Sequence[str] = (), read: bool = True,
+            start_at: Optional[float] = None) -> Dict[str, float]:
     """Sets the page cache up for one measured read of `path`, as a user's load would meet it: the run's other
     files (`others`: the same checkpoint in torch's format) evicted, so that only `path` can be cached and a
-    6 GiB load does not meet 12 GiB of page cache, and (cold) `path` evicted too; then `idle` seconds of sleep,
-    so that the memory those evictions and the previous measurement freed sits idle, as before a user's new
-    process (on a VM with free page reporting, memory freed a moment ago is far cheaper than idle memory, and
-    reporting gigabytes of it to the host takes CPU time from a measurement that starts at once); then (cold)
-    the fraction of `path` still resident is returned as resident_before, or (warm, with `read`) `path` is
-    read once."""
+    6 GiB load does not meet 12 GiB of page cache, and (cold) `path` evicted too, or (warm, with `read`) `path`
+    read once; then, given `start_at` (start_after), a wait until then, so that the memory those evictions and
+    the previous measurement freed sits idle for the same time before every row's clock, as before a user's
+    new process (on a VM with free page reporting, memory freed a moment ago is far cheaper than idle memory,
+    and reporting gigabytes of it to the host takes CPU time from a measurement that starts at once). Returns
+    "late_seconds" (how far past start_at the wait ended: the row started late) where it waited, and (cold)
+    the fraction of `path` still resident as resident_before."""
     dropped = [other for other in others if other and other != path] + ([path] if cold else [])
     for other in dropped:
         if os.path.exists(other):
             evict(other)
-    if idle:
-        time.sleep(idle)
-    if cold:
-        return {"resident_before": resident_fraction(path)}
-    if read:
+    if read and not cold:
         warm(path)
-    return {}
+    out: Dict[str, float] = {}
+    if start_at is not None:
+        out["late_seconds"] = wait_until(start_at)
+    if cold:
+        out["resident_before"] = resident_fraction(path)
+    return out
 
 
 def memory() -> Dict[str, int]:

@@ -13,9 +13,13 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from suite.ceilings import Ceilings, FreshCeiling
 from suite.common import MeasurementError, Results, Server
+from suite.pagecache import start_after
 
 # What a server is called with: a worker.py process, or bench/ceilings.c for case 8's ceiling.
 Serve = Union[Server, FreshCeiling]
+
+# A single-shot measurement whose clock started more than this after its start_at is noted in the report.
+LATE = 0.05
 
 
 class Runner:
@@ -65,8 +69,12 @@ class Runner:
             for j, (_key, _case, _group, _label, server, request, vary) in enumerate(items):
                 if errors[j]:
                     continue
+                sent = dict(request, **({vary: i % 8} if vary else {}))
+                if sent.get("idle"):
+                    # The previous measured process has just ended: this one's clock starts idle s from now.
+                    sent["start_at"] = start_after(sent["idle"])
                 try:
-                    samples[j].append(self.servers[server](dict(request, **({vary: i % 8} if vary else {}))))
+                    samples[j].append(self.servers[server](sent))
                 except MeasurementError as e:
                     errors[j] = str(e)
         for j, (key, case, group, label, _server, _request, _vary) in enumerate(items):
@@ -75,9 +83,12 @@ class Runner:
                 continue
             got = samples[j]
             extra: Dict[str, Any] = {"bytes": int(statistics.median(s["bytes"] for s in got))}
-            for field in ("rss_delta", "peak_delta", "resident_before"):
+            for field in ("rss_delta", "peak_delta", "resident_before", "late_seconds"):
                 if field in got[0]:
                     extra[field] = max(s[field] for s in got)
+            if extra.get("late_seconds", 0) > LATE:
+                self.res.notes.append(f"{group}, {label}: a repetition's clock started {extra['late_seconds']:.2f} s "
+                                      "after the moment its idle ended (its process took longer to start)")
             if "minor_faults" in got[0]:
                 extra["minor_faults"] = int(statistics.median(s["minor_faults"] for s in got))
             self.res.add(key, case, group, label, [s["seconds"] for s in got], **extra)
