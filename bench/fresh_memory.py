@@ -58,7 +58,7 @@ from suite.ceilings import build_ceilings  # noqa: E402
 from suite.common import PEERS_DIR, fmt_time, parse_size, size_name  # noqa: E402  (as the main report writes them)
 from suite import section  # noqa: E402
 from suite.machine import load_average  # noqa: E402
-from suite.pagecache import start_after  # noqa: E402
+from suite.pagecache import LATE_SECONDS, start_after  # noqa: E402
 
 IDLE = 5.0
 
@@ -205,9 +205,12 @@ def reading(size: int, got: Dict[str, Any]) -> List[str]:
         out.append(f"- Faulting each 512 KiB step in before reading it: {fmt_time(med('c_populate'))} against "
                    f"{fmt_time(med('c_pread'))} for faults taken inside the copy.")
     late = max((x.get("late_seconds", 0.0) for rows in samples.values() for x in rows), default=0.0)
-    out.append(f"- Every clock started at most {fmt_time(late)} after its start (--idle after the previous row's "
-               "process ended)." if late < 0.05 else f"- A clock started {fmt_time(late)} after its start: its "
-               "process took longer than --idle to start, and met memory freed longer before than the others.")
+    if late <= LATE_SECONDS:
+        out.append("- Every clock started on time, --idle after the previous row's process ended" +
+                   (f" (the latest {fmt_time(late)} after)." if late else "."))
+    else:
+        out.append(f"- A clock started {fmt_time(late)} late: its process took longer than --idle to start, and "
+                   "met memory freed longer before than the others'.")
     if med("c_copy") and med("c_populate"):
         out.append(f"- The copy alone (memory faulted in before the clock) takes {fmt_time(med('c_copy'))}: "
                    f"fresh memory is {1 - med('c_copy') / med('c_populate'):.0%} of the fastest fill's time.")

@@ -62,6 +62,10 @@ def warm(path: str) -> None:
             pass
 
 
+# A measured load whose clock started more than this after its start_at is reported as late.
+LATE_SECONDS = 0.05
+
+
 def wait_until(start_at: float) -> float:
     """Sleeps until `start_at` on time.monotonic()'s clock (CLOCK_MONOTONIC, shared by every process of the
     machine, bench/ceilings.c's CEILINGS_START_AT included); returns how many seconds past it this returns
@@ -78,8 +82,8 @@ def start_after(idle: float) -> float:
     harness calls it right after the previous measured process ended, so a load in a new interpreter (start-up
     and imports inside the pause) and a C ceiling (none) both meet memory that was freed `idle` seconds before
     their clocks start. On a VM with free page reporting that matters more than anything the load does: the
-    host takes freed memory back over tens of seconds, and memory freed 20 s before took 2-3x longer to fill
-    than memory freed 0.3 s before in a C fill of 6 GiB on this machine, so a row that started 1.5 s later
+    host takes freed memory back over tens of seconds, and on this machine a C fill of 6 GiB into memory freed
+    20 s before took about 3x as long as into memory freed 0.3 s before, so a row that started 1.5 s later
     than another met measurably dearer memory."""
     return time.monotonic() + idle
 

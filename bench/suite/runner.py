@@ -13,13 +13,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from suite.ceilings import Ceilings, FreshCeiling
 from suite.common import MeasurementError, Results, Server
-from suite.pagecache import start_after
+from suite.pagecache import LATE_SECONDS, start_after
 
 # What a server is called with: a worker.py process, or bench/ceilings.c for case 8's ceiling.
 Serve = Union[Server, FreshCeiling]
-
-# A single-shot measurement whose clock started more than this after its start_at is noted in the report.
-LATE = 0.05
 
 
 class Runner:
@@ -86,7 +83,7 @@ class Runner:
             for field in ("rss_delta", "peak_delta", "resident_before", "late_seconds"):
                 if field in got[0]:
                     extra[field] = max(s[field] for s in got)
-            if extra.get("late_seconds", 0) > LATE:
+            if extra.get("late_seconds", 0) > LATE_SECONDS:
                 self.res.notes.append(f"{group}, {label}: a repetition's clock started {extra['late_seconds']:.2f} s "
                                       "after the moment its idle ended (its process took longer to start)")
             if "minor_faults" in got[0]:
