@@ -1,0 +1,103 @@
+"""Every single-shot load of the benchmarks starts its clock at one moment the harness chose (start_at: the
+previous measured process's end plus the idle), whatever its process did first: a Python load after its
+imports, bench/ceilings.c at once. Memory freed longer before is dearer on a VM that hands it back to its host,
+so a row that started later than the others would read as a slower fill than it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from suite import pagecache  # noqa: E402
+from suite.ceilings import Ceilings, FreshCeiling, build_ceilings  # noqa: E402
+from suite.common import Results  # noqa: E402
+from suite.runner import Runner  # noqa: E402
+
+WAIT = 0.6
+
+
+@pytest.fixture(scope="module")
+def ceilings(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    exe = build_ceilings(tmp_path_factory.mktemp("ceilings"))
+    if exe is None:
+        pytest.skip("no C compiler for bench/ceilings.c")
+    return exe
+
+
+@pytest.fixture()
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    return path
+
+
+def run_c(ceilings: Path, data: Path, start_at: float) -> Dict[str, Any]:
+    out = subprocess.run([str(ceilings), "pread", str(data), "1", "1", "3"], capture_output=True, text=True,
+                         env={**os.environ, "CEILINGS_START_AT": repr(start_at)}, check=True)
+    return json.loads(out.stdout)
+
+
+def test_the_c_ceiling_waits_for_its_start_before_its_clock(ceilings: Path, data: Path) -> None:
+    t0 = time.monotonic()
+    got = run_c(ceilings, data, t0 + WAIT)
+    assert time.monotonic() - t0 >= WAIT
+    assert got["late_seconds"] == 0
+    assert got["seconds"][0] < WAIT  # the wait is not timed: 1 MiB from the page cache
+
+
+def test_the_c_ceiling_says_how_late_it_started(ceilings: Path, data: Path) -> None:
+    got = run_c(ceilings, data, time.monotonic() - 2)
+    assert got["late_seconds"] >= 2
+
+
+def test_prepare_waits_after_warming_and_reports_lateness(data: Path) -> None:
+    t0 = time.monotonic()
+    assert pagecache.prepare(str(data), False, start_at=t0 + WAIT) == {"late_seconds": 0.0}
+    assert time.monotonic() - t0 >= WAIT
+    assert pagecache.resident_fraction(str(data)) == 1.0
+    assert pagecache.prepare(str(data), False, start_at=time.monotonic() - 1)["late_seconds"] >= 1
+    assert pagecache.prepare(str(data), False) == {}  # no start: no wait
+
+
+def test_the_runner_starts_each_clock_idle_seconds_after_the_previous_measurement_ended(tmp_path: Path) -> None:
+    sent: List[Dict[str, Any]] = []
+    ends: List[float] = []
+
+    def server(request: Dict[str, Any]) -> Dict[str, Any]:
+        sent.append(request)
+        ends.append(time.monotonic())
+        return {"seconds": 0.001, "bytes": 1, "late_seconds": 0.0}
+
+    res = Results()
+    run = Runner({"reps": 3, "cases": ["8"]}, tmp_path, {"a": server, "b": server},  # type: ignore[dict-item]
+                 Ceilings(None, res, 1), res, False)
+    with run.interleaved():
+        run.repeat("a", "8", "g", "a", "a", {"op": "load", "idle": 5.0})
+        run.repeat("b", "8", "g", "b", "b", {"op": "load"})
+    assert [("start_at" in r) for r in sent] == [True, False] * 3
+    t = time.monotonic()
+    for i in (0, 2, 4):
+        before = ends[i - 1] if i else 0.0
+        assert before + 5.0 <= sent[i]["start_at"] <= ends[i] + 5.0 <= t + 5.0
+
+
+def test_the_fresh_ceiling_passes_its_start_to_the_c_process(ceilings: Path, data: Path) -> None:
+    res = Results()
+    c = Ceilings(ceilings, res, 1)
+    t0 = time.monotonic()
+    got = FreshCeiling(c)({"path": str(data), "evict": False, "threads": 1, "memory": 3, "start_at": t0 + WAIT})
+    assert time.monotonic() - t0 >= WAIT
+    assert got["late_seconds"] == 0 and got["seconds"] < WAIT
+    late = FreshCeiling(c)({"path": str(data), "evict": False, "threads": 1, "memory": 3,
+                            "start_at": time.monotonic() - 2})
+    assert late["late_seconds"] >= 2
