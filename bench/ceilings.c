@@ -36,7 +36,10 @@
  * first repetition of touch, pread and uring waits until then before its clock starts, and "late_seconds"
  * says how far past it that was (0: on time): the harness sets it to the moment the previous measured process
  * ended plus its idle, so a C row's fill meets memory freed exactly as long before as a Python row's load,
- * whose interpreter start-up falls inside the same pause (bench/suite/pagecache.py, wait_until). Fresh
+ * whose interpreter start-up falls inside the same pause (bench/suite/pagecache.py, wait_until). With
+ * CEILINGS_HOLD_BYTES set, that much anonymous memory is written first and held to the end ("held_bytes"), as
+ * a Python load's process holds its interpreter and imports when its clock starts: memory taken after the
+ * previous process ended is memory freed a moment ago, the cheapest there is, that the fill then does not get. Fresh
  * memory is anonymous private mmap, without MADV_HUGEPAGE unless HUGE=1 / MEMORY=2: plain is what glibc malloc
  * (and so torch.empty) gives a large allocation; numpy asks for huge pages on large arrays, which on a kernel
  * with transparent huge pages set to "madvise" makes first touch take 512x fewer page faults (whether it is
@@ -83,6 +86,17 @@ static double wait_until(double at) {
 static void die(const char* what) {
   fprintf(stderr, "ceilings: %s: %s\n", what, strerror(errno));
   exit(1);
+}
+
+/* CEILINGS_HOLD_BYTES: written now, held until exit. Returns the bytes held. */
+static size_t hold_memory(void) {
+  const char* s = getenv("CEILINGS_HOLD_BYTES");
+  size_t n = s ? (size_t)strtoull(s, NULL, 10) : 0;
+  if (n == 0) return 0;
+  void* p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) die("mmap CEILINGS_HOLD_BYTES");
+  memset(p, 0x5a, n);
+  return n;
 }
 
 static int huge = 0;
@@ -299,6 +313,7 @@ int main(int argc, char** argv) {
             "ceilings direct FILE DEPTH REPS [PIECE_KIB [URING]] | ceilings write FILE BYTES THREADS REPS FSYNC\n");
     return 2;
   }
+  const size_t held = hold_memory();
   const char* opname = argv[1];
   unsigned threads = (unsigned)strtoul(argv[3], NULL, 10);
   int reps = atoi(argv[4]);
@@ -410,7 +425,9 @@ int main(int argc, char** argv) {
     if (fresh_each) munmap(j.dst, j.bytes ? j.bytes : 1);
     printf("%s%.9f", r ? ", " : "", t);
   }
-  printf("], \"minor_faults\": %ld, \"user_seconds\": %.6f, \"sys_seconds\": %.6f, \"late_seconds\": %.6f}\n", faults,
-         busy, kernel, late);
+  printf(
+      "], \"minor_faults\": %ld, \"user_seconds\": %.6f, \"sys_seconds\": %.6f, \"late_seconds\": %.6f, "
+      "\"held_bytes\": %zu}\n",
+      faults, busy, kernel, late, held);
   return 0;
 }

@@ -240,7 +240,8 @@ def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
     # destinations met fresh memory, and how much of the time the kernel spent.
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     m1 = memory()
-    out.update(seconds=t, bytes=nbytes, rss_delta=m1["rss"] - m0["rss"], peak_delta=m1["hwm"] - m0["rss"],
+    out.update(seconds=t, bytes=nbytes, rss_before=m0["rss"], rss_delta=m1["rss"] - m0["rss"],
+               peak_delta=m1["hwm"] - m0["rss"],
                minor_faults=r1.ru_minflt - r0.ru_minflt, user_seconds=r1.ru_utime - r0.ru_utime,
                sys_seconds=r1.ru_stime - r0.ru_stime)
     del state

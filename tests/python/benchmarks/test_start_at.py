@@ -1,7 +1,8 @@
 """Every single-shot load of the benchmarks starts its clock at one moment the harness chose (start_at: the
 previous measured process's end plus the idle), whatever its process did first: a Python load after its
 imports, bench/ceilings.c at once. Memory freed longer before is dearer on a VM that hands it back to its host,
-so a row that started later than the others would read as a slower fill than it is."""
+so a row that started later than the others would read as a slower fill than it is; and a C ceiling holds the
+memory a Python load's process holds when its clock starts (CEILINGS_HOLD_BYTES)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,17 @@ def test_the_fresh_ceiling_passes_its_start_to_the_c_process(ceilings: Path, dat
     late = FreshCeiling(c)({"path": str(data), "evict": False, "threads": 1, "memory": 3,
                             "start_at": time.monotonic() - 2})
     assert late["late_seconds"] >= 2
+
+
+def test_the_c_ceiling_holds_the_memory_it_is_asked_to_before_its_fill(ceilings: Path, data: Path) -> None:
+    hold = 96 << 20
+    proc = subprocess.Popen([str(ceilings), "pread", str(data), "1", "1", "3"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CEILINGS_HOLD_BYTES": str(hold)})
+    assert proc.stdout is not None
+    got = json.loads(proc.stdout.read())
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0
+    assert got["held_bytes"] == hold
+    assert usage.ru_maxrss * 1024 >= hold  # written, not only mapped
+    assert got["minor_faults"] < 1024  # and outside the measured fill
