@@ -81,10 +81,10 @@ def fresh(run: Runner, size: Optional[int]) -> None:
                     threads = 8 if temp == "cold" else os.cpu_count() or 1
                     run.repeat(keys.fresh_ceiling(temp, size), "C", name,
                                f"{temp} pread into fresh memory in a new process after "
-                               f"{run.cfg['fresh_idle']:g} s idle, each 512 KiB step faulted in first "
-                               f"({threads} threads)", "fresh_ceiling",
+                               f"{run.cfg['fresh_idle']:g} s idle, holding this package's load process's RSS, "
+                               f"each 512 KiB step faulted in first ({threads} threads)", "fresh_ceiling",
                                {"path": st, "evict": temp == "cold", "idle": run.cfg["fresh_idle"],
-                                "others": [pt], "threads": threads, "memory": 3})
+                                "others": [pt], "threads": threads, "memory": 3, "hold_like": "fresh_ours"})
     finally:
         for p in (st, pt):
             if p and os.path.exists(p):

@@ -138,8 +138,9 @@ class Ceilings:
 
 class FreshCeiling:
     """Case 8's ceiling as a row of its rounds, served like a worker: each request runs bench/ceilings.c once,
-    a new process, after the same eviction (or warming) as the loads beside it and with its clock started as
-    long after the previous measured process ended (start_at), so it meets the memory and page cache they meet. The in-process ceilings above recycle memory unmapped a moment
+    a new process, after the same eviction (or warming) as the loads beside it, with its clock started as long
+    after the previous measured process ended (start_at) and holding as much memory as this package's load
+    process had when its clock started (hold), so it meets the memory and page cache they meet. The in-process ceilings above recycle memory unmapped a moment
     before, which a new process after a pause does not get (on a VM with free page reporting that memory has
     gone back to the host and each page is faulted in again on first touch)."""
 
@@ -150,12 +151,16 @@ class FreshCeiling:
         if self.ceilings.exe is None:
             raise MeasurementError("no C compiler: ceiling not measured")
         path = request["path"]
-        # The C process waits for the start itself (CEILINGS_START_AT), as a Python load does after its imports.
+        # The C process waits for the start itself (CEILINGS_START_AT), as a Python load does after its imports,
+        # holding what such a load's process holds (request["hold"] bytes: CEILINGS_HOLD_BYTES).
         extra = pagecache.prepare(path, request["evict"], request.get("others", ()))
         start_at = request.get("start_at", pagecache.start_after(request["idle"]) if request.get("idle") else None)
-        r = self.ceilings._run("pread", path, request["threads"], 1, request["memory"],
-                               env=None if start_at is None else {"CEILINGS_START_AT": repr(start_at)})
-        return {"seconds": r["seconds"][0], "bytes": r["bytes"], "late_seconds": r["late_seconds"], **extra}
+        env = {"CEILINGS_HOLD_BYTES": str(request.get("hold", 0))}
+        if start_at is not None:
+            env["CEILINGS_START_AT"] = repr(start_at)
+        r = self.ceilings._run("pread", path, request["threads"], 1, request["memory"], env=env)
+        return {"seconds": r["seconds"][0], "bytes": r["bytes"], "late_seconds": r["late_seconds"],
+                "held_bytes": r["held_bytes"], **extra}
 
     def close(self) -> None:
         pass

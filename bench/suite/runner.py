@@ -27,6 +27,9 @@ class Runner:
         self.cfg, self.tmp, self.servers, self.ceil, self.res = cfg, tmpdir, servers, ceilings, results
         self.can_evict = can_evict
         self._batch: Optional[List[Tuple[Any, ...]]] = None
+        # Each server's latest rss_before (its process's RSS when a load's clock started), for a request that
+        # asks to hold as much (hold_like: the server's name) as the C ceiling does (CEILINGS_HOLD_BYTES).
+        self.rss_before: Dict[str, int] = {}
 
     def want(self, case: str) -> bool:
         """Whether the run measures `case` (a number of CASES)."""
@@ -67,6 +70,8 @@ class Runner:
                 if errors[j]:
                     continue
                 sent = dict(request, **({vary: i % 8} if vary else {}))
+                if "hold_like" in sent:
+                    sent["hold"] = self.rss_before.get(sent.pop("hold_like"), 0)
                 if sent.get("idle"):
                     # The previous measured process has just ended: this one's clock starts idle s from now.
                     sent["start_at"] = start_after(sent["idle"])
@@ -74,13 +79,16 @@ class Runner:
                     samples[j].append(self.servers[server](sent))
                 except MeasurementError as e:
                     errors[j] = str(e)
+                    continue
+                if "rss_before" in samples[j][-1]:
+                    self.rss_before[server] = samples[j][-1]["rss_before"]
         for j, (key, case, group, label, _server, _request, _vary) in enumerate(items):
             if errors[j]:
                 self.res.fail(key, case, group, label, errors[j])
                 continue
             got = samples[j]
             extra: Dict[str, Any] = {"bytes": int(statistics.median(s["bytes"] for s in got))}
-            for field in ("rss_delta", "peak_delta", "resident_before", "late_seconds"):
+            for field in ("rss_delta", "peak_delta", "resident_before", "late_seconds", "held_bytes"):
                 if field in got[0]:
                     extra[field] = max(s[field] for s in got)
             if extra.get("late_seconds", 0) > LATE_SECONDS:

@@ -116,3 +116,25 @@ def test_the_c_ceiling_holds_the_memory_it_is_asked_to_before_its_fill(ceilings:
     assert got["held_bytes"] == hold
     assert usage.ru_maxrss * 1024 >= hold  # written, not only mapped
     assert got["minor_faults"] < 1024  # and outside the measured fill
+
+
+def test_the_runner_passes_a_servers_latest_rss_on_as_the_memory_to_hold(tmp_path: Path) -> None:
+    sent: List[Dict[str, Any]] = []
+
+    def ours(request: Dict[str, Any]) -> Dict[str, Any]:
+        return {"seconds": 0.001, "bytes": 1, "rss_before": 1000 + len(sent)}
+
+    def ceiling(request: Dict[str, Any]) -> Dict[str, Any]:
+        sent.append(request)
+        return {"seconds": 0.001, "bytes": 1, "held_bytes": request["hold"]}
+
+    res = Results()
+    run = Runner({"reps": 2, "cases": ["8"]}, tmp_path, {"ours": ours, "c": ceiling},  # type: ignore[dict-item]
+                 Ceilings(None, res, 1), res, False)
+    with run.interleaved():
+        run.repeat("c0", "C", "g", "c0", "c", {"hold_like": "ours"})  # before any load: nothing to hold
+        run.repeat("o", "8", "g", "o", "ours", {"op": "load"})
+        run.repeat("c1", "C", "g", "c1", "c", {"hold_like": "ours"})
+    assert [r["hold"] for r in sent] == [0, 1001, 1001, 1003]
+    assert all("hold_like" not in r for r in sent)
+    assert res.get("c1")["held_bytes"] == 1003
