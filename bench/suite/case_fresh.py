@@ -73,7 +73,7 @@ def fresh(run: Runner, size: Optional[int]) -> None:
                     what = "lazy " + METHOD[method] if lazy else METHOD[method]
                     run.repeat(keys.fresh(temp, size, row), "8", group, f"{IMPL[impl]}: {what}", server,
                                {"op": "load", "method": method, "path": st, "pt": pt, "evict": temp == "cold",
-                                "idle": run.cfg["fresh_idle"]})
+                                "idle": run.cfg["fresh_idle"], "settle": os.path.getsize(st)})
                 if size is not None and "fresh_ceiling" in run.servers:
                     # The machine's best buffered read into fresh memory in the loads' own conditions:
                     # each 512 KiB step faulted in first (the faster way in the in-process ceilings), on
@@ -84,7 +84,8 @@ def fresh(run: Runner, size: Optional[int]) -> None:
                                f"{run.cfg['fresh_idle']:g} s idle, holding this package's load process's RSS, "
                                f"each 512 KiB step faulted in first ({threads} threads)", "fresh_ceiling",
                                {"path": st, "evict": temp == "cold", "idle": run.cfg["fresh_idle"],
-                                "others": [pt], "threads": threads, "memory": 3, "hold_like": "fresh_ours"})
+                                "others": [pt], "threads": threads, "memory": 3, "hold_like": "fresh_ours",
+                                "settle": os.path.getsize(st)})
     finally:
         for p in (st, pt):
             if p and os.path.exists(p):

@@ -30,6 +30,21 @@ def build_ceilings(outdir: Path) -> Optional[Path]:
     return exe
 
 
+def settle(exe: Optional[Path], nbytes: int) -> None:
+    """Writes `nbytes` of fresh memory in a new process that then exits (bench/ceilings.c's first touch, on
+    all CPUs), so that every measured load of a round follows the same predecessor: what the process before a
+    load freed, and how, changes what its fill costs on a VM with free page reporting (rows taking turns
+    otherwise follow different rows: in one fresh-memory run every Python row of 6 GiB took 4.5-5.6 s and
+    the C fill 3.7 s, while this package's load after the same predecessor, paired with the C fill, took as
+    long or less). Nothing without a C compiler."""
+    if exe is None:
+        return
+    out = subprocess.run([str(exe), "touch", str(nbytes), str(os.cpu_count() or 1), "1", "0"], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        raise MeasurementError(f"settling {nbytes} bytes of memory: {out.stderr.strip()}")
+
+
 class Ceilings:
     """The in-process ceilings: each method runs bench/ceilings.c on 1 and all CPUs (cold also 8 threads) and
     adds the best as one row of case "C"."""

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
-from suite.ceilings import Ceilings, FreshCeiling
+from suite.ceilings import Ceilings, FreshCeiling, settle
 from suite.common import MeasurementError, Results, Server
 from suite.pagecache import LATE_SECONDS, start_after
 
@@ -73,7 +73,10 @@ class Runner:
                 if "hold_like" in sent:
                     sent["hold"] = self.rss_before.get(sent.pop("hold_like"), 0)
                 if sent.get("idle"):
-                    # The previous measured process has just ended: this one's clock starts idle s from now.
+                    # The previous measured process has just ended: the same predecessor for every row (settle),
+                    # then this one's clock starts idle s from now.
+                    if "settle" in sent:
+                        settle(self.ceil.exe, sent.pop("settle"))
                     sent["start_at"] = start_after(sent["idle"])
                 try:
                     samples[j].append(self.servers[server](sent))

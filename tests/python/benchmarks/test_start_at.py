@@ -138,3 +138,47 @@ def test_the_runner_passes_a_servers_latest_rss_on_as_the_memory_to_hold(tmp_pat
     assert [r["hold"] for r in sent] == [0, 1001, 1001, 1003]
     assert all("hold_like" not in r for r in sent)
     assert res.get("c1")["held_bytes"] == 1003
+
+
+def test_the_runner_settles_memory_before_it_stamps_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import suite.runner
+
+    events: List[Any] = []
+    monkeypatch.setattr(suite.runner, "settle", lambda exe, n: events.append(("settle", n, time.monotonic())))
+
+    def server(request: Dict[str, Any]) -> Dict[str, Any]:
+        events.append(("load", request))
+        return {"seconds": 0.001, "bytes": 1}
+
+    res = Results()
+    run = Runner({"reps": 2, "cases": ["8"]}, tmp_path, {"a": server}, Ceilings(None, res, 1), res,  # type: ignore[dict-item]
+                 False)
+    with run.interleaved():
+        run.repeat("a", "8", "g", "a", "a", {"op": "load", "idle": 2.0, "settle": 4096})
+        run.repeat("b", "8", "g", "b", "a", {"op": "load"})  # no idle: nothing settled
+    kinds = [e[0] for e in events]
+    assert kinds == ["settle", "load", "load"] * 2
+    for i in (0, 3):
+        _, n, settled_at = events[i]
+        request = events[i + 1][1]
+        assert n == 4096 and "settle" not in request
+        assert request["start_at"] >= settled_at + 2.0
+
+
+def test_settle_writes_that_much_fresh_memory_in_a_process_of_its_own(ceilings: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import suite.ceilings
+
+    peaks: List[int] = []
+
+    def run(cmd: List[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        peaks.append(usage.ru_maxrss * 1024)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    monkeypatch.setattr(suite.ceilings.subprocess, "run", run)
+    suite.ceilings.settle(ceilings, 64 << 20)
+    assert len(peaks) == 1 and peaks[0] >= 64 << 20
