@@ -135,12 +135,13 @@ def measure(path: Path, rows: List[Row], reps: int, ceilings: Path, idle: float)
         for row in rows:
             if row.key in errors:
                 continue
-            # The previous row's process has just ended: the same predecessor for every row (settle), then
-            # this row's clock starts idle s from now, whatever its process does first (an interpreter's
-            # start-up and imports, the warming read below).
+            # The previous row's process has just ended: the file read into the page cache (from the disk
+            # where the page cache no longer held all of it, as before a size's first round: not in the
+            # pause), the same predecessor for every row (settle), then this row's clock starts idle s from
+            # now, whatever its process does first (an interpreter's start-up and imports).
+            worker.warm(str(path))
             settle(ceilings, path.stat().st_size)
             start_at = start_after(idle)
-            worker.warm(str(path))
             # A C row holds what this package's load process last had resident when its clock started.
             hold = next((x["rss_before"] for r in rows if r.key.startswith("ours") for x in samples[r.key][-1:]), 0)
             try:
