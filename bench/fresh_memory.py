@@ -4,14 +4,14 @@ peers that also hand out owned tensors and this machine's own ways of filling fr
     .venv/bin/python bench/fresh_memory.py --sizes 2G,6G --reps 5 [--markdown OUT.md]
     .venv/bin/python bench/run.py --cases none --sections fresh-memory  # runs it into BENCHMARKS.md
 
-Every row is one load in a new process, with the file in the page cache (read just before), its clock started
-5 s (--idle) after the previous row's process ended, whatever its own process does first (an interpreter's
+Every row is one load in a new process, with the file in the page cache (read just before), its clock started 5
+s (--idle) after the previous row's process ended, whatever its own process does first (an interpreter's
 start-up and imports fall inside that pause: bench/suite/pagecache.py, start_after), so that every row meets
-memory freed equally long before, and each after the same predecessor: just before that pause a C process
-writes as many bytes of fresh memory as the file holds and exits (bench/suite/ceilings.py, settle); the rows
-take turns (round 1 of each, then round 2, ...). Python rows are `bench/worker.py once load` (imports and a warm-up on a
-tiny file before the clock starts); the C rows are `bench/ceilings.c`, one repetition per process. Each row shows
-min / median / max wall time, and the median of the process's minor page faults and of its system and user
+memory freed equally long before, and each after the same predecessor: just before that pause a C process writes
+as many bytes of fresh memory as the file holds and exits (bench/suite/ceilings.py, settle); the rows take turns
+(round 1 of each, then round 2, ...). Python rows are `bench/worker.py once load` (imports and a warm-up on a
+tiny file before the clock starts); the C rows are `bench/ceilings.c`, one repetition per process. Each row
+shows min / median / max wall time, and the median of the process's minor page faults and of its system and user
 CPU time during the load (getrusage, every thread included): how its destination met fresh memory.
 
 The C rows are the machine's ceilings for the same job, each a way to fill fresh anonymous memory with the
@@ -64,11 +64,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import worker  # noqa: E402  (the page-cache helpers)
-from suite.ceilings import build_ceilings, settle  # noqa: E402
+from suite.ceilings import build_ceilings, settle_and_start  # noqa: E402
 from suite.common import PEERS_DIR, fmt_time, parse_size, size_name  # noqa: E402  (as the main report writes them)
 from suite import section  # noqa: E402
 from suite.machine import load_average  # noqa: E402
-from suite.pagecache import LATE_SECONDS, start_after  # noqa: E402
+from suite.pagecache import LATE_SECONDS  # noqa: E402
 
 IDLE = 5.0
 
@@ -140,8 +140,7 @@ def measure(path: Path, rows: List[Row], reps: int, ceilings: Path, idle: float)
             # pause), the same predecessor for every row (settle), then this row's clock starts idle s from
             # now, whatever its process does first (an interpreter's start-up and imports).
             worker.warm(str(path))
-            settle(ceilings, path.stat().st_size)
-            start_at = start_after(idle)
+            start_at = settle_and_start(ceilings, path.stat().st_size, idle)
             # A C row holds what this package's load process last had resident when its clock started.
             hold = next((x["rss_before"] for r in rows if r.key.startswith("ours") for x in samples[r.key][-1:]), 0)
             try:
@@ -239,8 +238,8 @@ def reading(size: int, got: Dict[str, Any]) -> List[str]:
 
 
 def report(results: Dict[int, Dict[str, Any]], rows: List[Row], meta: Dict[str, str]) -> str:
-    lines = section.heading("Warm owned loads into fresh memory", meta, f"{meta.get('kernel', '')}; transparent huge pages "
-                            f"{meta['thp']}")
+    lines = section.heading("Warm owned loads into fresh memory", meta,
+                            f"{meta.get('kernel', '')}; transparent huge pages {meta['thp']}")
     lines += section.doc_paragraphs(__doc__, 0, 1) + section.doc_paragraphs(__doc__, 2)
     for size, got in results.items():
         lines += table(size, rows, got) + reading(size, got) + [""]

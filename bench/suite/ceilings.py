@@ -45,6 +45,15 @@ def settle(exe: Optional[Path], nbytes: int) -> None:
         raise MeasurementError(f"settling {nbytes} bytes of memory: {out.stderr.strip()}")
 
 
+def settle_and_start(exe: Optional[Path], nbytes: Optional[int], idle: float) -> float:
+    """The start of a fresh-process row, called right after the previous measured process ended: the common
+    predecessor (settle, where `nbytes` is given), then the moment the row's clock starts, `idle` seconds
+    from now (pagecache.start_after). Case 8's rounds (runner.Runner) and the fresh-memory section share it."""
+    if nbytes is not None:
+        settle(exe, nbytes)
+    return pagecache.start_after(idle)
+
+
 class Ceilings:
     """The in-process ceilings: each method runs bench/ceilings.c on 1 and all CPUs (cold also 8 threads) and
     adds the best as one row of case "C"."""
@@ -152,12 +161,12 @@ class Ceilings:
 
 
 class FreshCeiling:
-    """Case 8's ceiling as a row of its rounds, served like a worker: each request runs bench/ceilings.c once,
-    a new process, after the same eviction (or warming) as the loads beside it, with its clock started as long
-    after the previous measured process ended (start_at) and holding as much memory as this package's load
-    process had when its clock started (hold), so it meets the memory and page cache they meet. The in-process ceilings above recycle memory unmapped a moment
-    before, which a new process after a pause does not get (on a VM with free page reporting that memory has
-    gone back to the host and each page is faulted in again on first touch)."""
+    """Case 8's ceiling as a row of its rounds, served like a worker: each request runs bench/ceilings.c once, a new
+    process, after the same eviction (or warming) as the loads beside it, with its clock started as long after
+    the previous measured process ended (start_at) and holding as much memory as this package's load process had
+    when its clock started (hold), so it meets the memory and page cache they meet. The in-process ceilings
+    above recycle memory unmapped a moment before, which a new process after a pause does not get (on a VM with
+    free page reporting that memory has gone back to the host and each page is faulted in again on first touch)."""
 
     def __init__(self, ceilings: Ceilings) -> None:
         self.ceilings = ceilings
@@ -169,7 +178,7 @@ class FreshCeiling:
         # The C process waits for the start itself (CEILINGS_START_AT), as a Python load does after its imports,
         # holding what such a load's process holds (request["hold"] bytes: CEILINGS_HOLD_BYTES).
         extra = pagecache.prepare(path, request["evict"], request.get("others", ()))
-        start_at = request.get("start_at", pagecache.start_after(request["idle"]) if request.get("idle") else None)
+        start_at = pagecache.start_of(request)
         env = {"CEILINGS_HOLD_BYTES": str(request.get("hold", 0))}
         if start_at is not None:
             env["CEILINGS_START_AT"] = repr(start_at)

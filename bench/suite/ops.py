@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from suite.pagecache import PAGE, fsync_path, memory, prepare, reset_peak, start_after, warm
+from suite.pagecache import PAGE, fsync_path, memory, prepare, reset_peak, start_of, warm
 
 # ---------------------------------------------------------------------------------------------------------
 # Model layouts: which tensors a benchmark file holds
@@ -228,8 +228,7 @@ def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
     method, path, pt = p["method"], p["path"], p.get("pt", "")
     src = pt if method.startswith("torch") else path
     _import_peer(method)
-    start_at = p.get("start_at", start_after(p["idle"]) if p.get("idle") else None)
-    out: Dict[str, Any] = prepare(src, bool(p.get("evict")), (path, pt), p.get("warm", True), start_at)
+    out: Dict[str, Any] = prepare(src, bool(p.get("evict")), (path, pt), p.get("warm", True), start_of(p))
     reset_peak()
     m0 = memory()
     r0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -9,7 +9,7 @@ import mmap
 import os
 import re
 import time
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 PAGE = mmap.PAGESIZE
 
@@ -86,6 +86,14 @@ def start_after(idle: float) -> float:
     20 s before took about 3x as long as into memory freed 0.3 s before, so a row that started 1.5 s later
     than another met measurably dearer memory."""
     return time.monotonic() + idle
+
+
+def start_of(request: Dict[str, Any]) -> Optional[float]:
+    """When a measured load's clock starts: the request's "start_at" where the harness stamped one, otherwise
+    "idle" seconds from now where the request has an idle, otherwise None (at once)."""
+    if "start_at" in request:
+        return request["start_at"]
+    return start_after(request["idle"]) if request.get("idle") else None
 
 
 def prepare(path: str, cold: bool, others: Sequence[str] = (), read: bool = True,

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
-from suite.ceilings import Ceilings, FreshCeiling, settle
+from suite.ceilings import Ceilings, FreshCeiling, settle_and_start
 from suite.common import MeasurementError, Results, Server
-from suite.pagecache import LATE_SECONDS, start_after
+from suite.pagecache import LATE_SECONDS
 
 # What a server is called with: a worker.py process, or bench/ceilings.c for case 8's ceiling.
 Serve = Union[Server, FreshCeiling]
@@ -73,11 +73,9 @@ class Runner:
                 if "hold_like" in sent:
                     sent["hold"] = self.rss_before.get(sent.pop("hold_like"), 0)
                 if sent.get("idle"):
-                    # The previous measured process has just ended: the same predecessor for every row (settle),
-                    # then this one's clock starts idle s from now.
-                    if "settle" in sent:
-                        settle(self.ceil.exe, sent.pop("settle"))
-                    sent["start_at"] = start_after(sent["idle"])
+                    # The previous measured process has just ended: the same predecessor for every row, then
+                    # this one's clock starts idle s from now.
+                    sent["start_at"] = settle_and_start(self.ceil.exe, sent.pop("settle", None), sent["idle"])
                 try:
                     samples[j].append(self.servers[server](sent))
                 except MeasurementError as e:

@@ -61,6 +61,15 @@ def test_the_c_ceiling_says_how_late_it_started(ceilings: Path, data: Path) -> N
     assert got["late_seconds"] >= 2
 
 
+def test_a_requests_start_is_its_stamp_else_its_idle_from_now_else_none() -> None:
+    assert pagecache.start_of({"start_at": 12.5, "idle": 100}) == 12.5
+    t0 = time.monotonic()
+    got = pagecache.start_of({"idle": 3.0})
+    assert got is not None and t0 + 3.0 <= got <= time.monotonic() + 3.0
+    assert pagecache.start_of({"idle": 0}) is None
+    assert pagecache.start_of({}) is None
+
+
 def test_prepare_waits_after_warming_and_reports_lateness(data: Path) -> None:
     t0 = time.monotonic()
     assert pagecache.prepare(str(data), False, start_at=t0 + WAIT) == {"late_seconds": 0.0}
@@ -141,10 +150,10 @@ def test_the_runner_passes_a_servers_latest_rss_on_as_the_memory_to_hold(tmp_pat
 
 
 def test_the_runner_settles_memory_before_it_stamps_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import suite.runner
+    import suite.ceilings
 
     events: List[Any] = []
-    monkeypatch.setattr(suite.runner, "settle", lambda exe, n: events.append(("settle", n, time.monotonic())))
+    monkeypatch.setattr(suite.ceilings, "settle", lambda exe, n: events.append(("settle", n, time.monotonic())))
 
     def server(request: Dict[str, Any]) -> Dict[str, Any]:
         events.append(("load", request))
