@@ -177,7 +177,7 @@ class FreshCeiling:
         path = request["path"]
         # The C process waits for the start itself (CEILINGS_START_AT), as a Python load does after its imports,
         # holding what such a load's process holds (request["hold"] bytes: CEILINGS_HOLD_BYTES).
-        extra = pagecache.prepare(path, request["evict"], request.get("others", ()))
+        extra = pagecache.prepare(*pagecache.setup_of(request))
         start_at = pagecache.start_of(request)
         env = {"CEILINGS_HOLD_BYTES": str(request.get("hold", 0))}
         if start_at is not None:

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from suite.pagecache import PAGE, fsync_path, memory, prepare, reset_peak, start_of, warm
+from suite.pagecache import PAGE, fsync_path, memory, prepare, reset_peak, setup_of, start_of, warm
 
 # ---------------------------------------------------------------------------------------------------------
 # Model layouts: which tensors a benchmark file holds
@@ -226,9 +226,8 @@ def op_load(p: Dict[str, Any]) -> Dict[str, Any]:
     checkpoint in the other format) always is (pagecache.prepare). The peer's imports come first, inside the
     pause."""
     method, path, pt = p["method"], p["path"], p.get("pt", "")
-    src = pt if method.startswith("torch") else path
     _import_peer(method)
-    out: Dict[str, Any] = prepare(src, bool(p.get("evict")), (path, pt), p.get("warm", True), start_of(p))
+    out: Dict[str, Any] = prepare(*setup_of(p), start_at=start_of(p))
     reset_peak()
     m0 = memory()
     r0 = resource.getrusage(resource.RUSAGE_SELF)

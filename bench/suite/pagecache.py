@@ -9,7 +9,7 @@ import mmap
 import os
 import re
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 PAGE = mmap.PAGESIZE
 
@@ -94,6 +94,16 @@ def start_of(request: Dict[str, Any]) -> Optional[float]:
     if "start_at" in request:
         return request["start_at"]
     return start_after(request["idle"]) if request.get("idle") else None
+
+
+def setup_of(request: Dict[str, Any]) -> Tuple[str, bool, Tuple[str, ...], bool]:
+    """prepare's arguments for a measured read's request: the file it reads (request["pt"], the checkpoint in
+    torch's format, for a torch method; else request["path"]), whether cold (request["evict"]), the request's
+    other files (evicted) and whether to read the file first where warm (request["warm"], default yes)."""
+    path, pt = request["path"], request.get("pt", "")
+    src = pt if str(request.get("method", "")).startswith("torch") else path
+    others = (path, pt, *request.get("others", ()))
+    return src, bool(request.get("evict")), others, bool(request.get("warm", True))
 
 
 def prepare(path: str, cold: bool, others: Sequence[str] = (), read: bool = True,

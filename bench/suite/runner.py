@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from suite.ceilings import Ceilings, FreshCeiling, settle_and_start
 from suite.common import MeasurementError, Results, Server
-from suite.pagecache import LATE_SECONDS
+from suite.pagecache import LATE_SECONDS, prepare, setup_of
 
 # What a server is called with: a worker.py process, or bench/ceilings.c for case 8's ceiling.
 Serve = Union[Server, FreshCeiling]
@@ -73,8 +73,14 @@ class Runner:
                 if "hold_like" in sent:
                     sent["hold"] = self.rss_before.get(sent.pop("hold_like"), 0)
                 if sent.get("idle"):
-                    # The previous measured process has just ended: the same predecessor for every row, then
-                    # this one's clock starts idle s from now.
+                    # The previous measured process has just ended. A fresh-process row (settle) meets the page
+                    # cache set up here, before the common predecessor: what evicting the previous row's files
+                    # frees (6 GiB after a cold pread row) is then freed before it, not inside this row's pause,
+                    # where it made the next row's fill measurably cheaper. Then the same predecessor for every
+                    # row, and this one's clock starts idle s from now.
+                    if "settle" in sent:
+                        prepare(*setup_of(sent))
+                        sent["warm"] = False
                     sent["start_at"] = settle_and_start(self.ceil.exe, sent.pop("settle", None), sent["idle"])
                 try:
                     samples[j].append(self.servers[server](sent))

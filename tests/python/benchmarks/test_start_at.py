@@ -70,6 +70,13 @@ def test_a_requests_start_is_its_stamp_else_its_idle_from_now_else_none() -> Non
     assert pagecache.start_of({}) is None
 
 
+def test_a_requests_page_cache_setup_names_the_file_it_reads_and_the_others() -> None:
+    assert pagecache.setup_of({"path": "a", "pt": "b", "method": "st_auto"}) == ("a", False, ("a", "b"), True)
+    assert pagecache.setup_of({"path": "a", "pt": "b", "method": "torch_load", "evict": True, "warm": False}) == (
+        "b", True, ("a", "b"), False)
+    assert pagecache.setup_of({"path": "a", "others": ["c"], "evict": True}) == ("a", True, ("a", "", "c"), True)
+
+
 def test_prepare_waits_after_warming_and_reports_lateness(data: Path) -> None:
     t0 = time.monotonic()
     assert pagecache.prepare(str(data), False, start_at=t0 + WAIT) == {"late_seconds": 0.0}
@@ -149,11 +156,14 @@ def test_the_runner_passes_a_servers_latest_rss_on_as_the_memory_to_hold(tmp_pat
     assert res.get("c1")["held_bytes"] == 1003
 
 
-def test_the_runner_settles_memory_before_it_stamps_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_runner_sets_the_page_cache_up_then_settles_memory_then_stamps_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import suite.ceilings
+    import suite.runner
 
     events: List[Any] = []
     monkeypatch.setattr(suite.ceilings, "settle", lambda exe, n: events.append(("settle", n, time.monotonic())))
+    monkeypatch.setattr(suite.runner, "prepare", lambda *args: events.append(("prepare", args)))
 
     def server(request: Dict[str, Any]) -> Dict[str, Any]:
         events.append(("load", request))
@@ -163,15 +173,43 @@ def test_the_runner_settles_memory_before_it_stamps_the_start(tmp_path: Path, mo
     run = Runner({"reps": 2, "cases": ["8"]}, tmp_path, {"a": server}, Ceilings(None, res, 1), res,  # type: ignore[dict-item]
                  False)
     with run.interleaved():
-        run.repeat("a", "8", "g", "a", "a", {"op": "load", "idle": 2.0, "settle": 4096})
-        run.repeat("b", "8", "g", "b", "a", {"op": "load"})  # no idle: nothing settled
-    kinds = [e[0] for e in events]
-    assert kinds == ["settle", "load", "load"] * 2
-    for i in (0, 3):
-        _, n, settled_at = events[i]
-        request = events[i + 1][1]
+        run.repeat("a", "8", "g", "a", "a", {"op": "load", "method": "torch_load", "path": "st", "pt": "pt",
+                                             "evict": True, "idle": 2.0, "settle": 4096})
+        run.repeat("b", "8", "g", "b", "a", {"op": "load", "path": "st"})  # no idle: nothing set up, nothing settled
+    assert [e[0] for e in events] == ["prepare", "settle", "load", "load"] * 2
+    for i in (0, 4):
+        assert events[i][1] == ("pt", True, ("st", "pt"), True)  # torch's file read, cold, the other evicted
+        _, n, settled_at = events[i + 1]
+        request = events[i + 2][1]
         assert n == 4096 and "settle" not in request
         assert request["start_at"] >= settled_at + 2.0
+        assert request["warm"] is False  # the load's own prepare does not read the file again
+        assert "warm" not in events[i + 3][1]
+
+
+def test_a_cold_rows_file_is_evicted_before_the_common_predecessor(tmp_path: Path, data: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # What evicting the previous row's page cache frees must be freed before settle, not in the row's pause.
+    import suite.ceilings
+
+    other = tmp_path / "other.bin"
+    other.write_bytes(bytes(1 << 20))
+    seen: List[Any] = []
+
+    def settle(exe: Any, n: int) -> None:
+        seen.append((pagecache.resident_fraction(str(data)), pagecache.resident_fraction(str(other))))
+
+    monkeypatch.setattr(suite.ceilings, "settle", settle)
+    res = Results()
+    run = Runner({"reps": 1, "cases": ["8"]}, tmp_path, {"a": lambda r: {"seconds": 0.001, "bytes": 1}},  # type: ignore[dict-item]
+                 Ceilings(None, res, 1), res, False)
+    for cold, want in ((True, (0.0, 0.0)), (False, (1.0, 0.0))):
+        pagecache.warm(str(data))
+        pagecache.warm(str(other))
+        with run.interleaved():
+            run.repeat("a", "8", "g", "a", "a", {"op": "load", "method": "st_auto", "path": str(data),
+                                                 "pt": str(other), "evict": cold, "idle": 0.01, "settle": 1})
+        assert seen.pop() == want
 
 
 def test_settle_writes_that_much_fresh_memory_in_a_process_of_its_own(ceilings: Path,
