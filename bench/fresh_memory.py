@@ -4,8 +4,8 @@ peers that also hand out owned tensors and this machine's own ways of filling fr
     .venv/bin/python bench/fresh_memory.py --sizes 2G,6G --reps 5 [--markdown OUT.md]
     .venv/bin/python bench/run.py --cases none --sections fresh-memory  # runs it into BENCHMARKS.md
 
-Every row is one load in a new process, with the file in the page cache (read just before), its clock started 5
-s (--idle) after the previous row's process ended, whatever its own process does first (an interpreter's
+Every row is one load in a new process, with the file in the page cache (read just before), its clock
+started 5 s (--idle) after the previous row's process ended, whatever its own process does first (an interpreter's
 start-up and imports fall inside that pause: bench/suite/pagecache.py, start_after), so that every row meets
 memory freed equally long before, and each after the same predecessor: just before that pause a C process writes
 as many bytes of fresh memory as the file holds and exits (bench/suite/ceilings.py, settle); the rows take turns
@@ -63,7 +63,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import worker  # noqa: E402  (the page-cache helpers)
 from suite.ceilings import build_ceilings, settle_and_start  # noqa: E402
 from suite.common import PEERS_DIR, fmt_time, parse_size, size_name  # noqa: E402  (as the main report writes them)
 from suite import section  # noqa: E402
@@ -139,8 +138,7 @@ def measure(path: Path, rows: List[Row], reps: int, ceilings: Path, idle: float)
             # where the page cache no longer held all of it, as before a size's first round: not in the
             # pause), the same predecessor for every row (settle), then this row's clock starts idle s from
             # now, whatever its process does first (an interpreter's start-up and imports).
-            worker.warm(str(path))
-            start_at = settle_and_start(ceilings, path.stat().st_size, idle)
+            start_at = settle_and_start(ceilings, path.stat().st_size, idle, (str(path), False))
             # A C row holds what this package's load process last had resident when its clock started.
             hold = next((x["rss_before"] for r in rows if r.key.startswith("ours") for x in samples[r.key][-1:]), 0)
             try:

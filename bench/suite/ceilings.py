@@ -45,10 +45,15 @@ def settle(exe: Optional[Path], nbytes: int) -> None:
         raise MeasurementError(f"settling {nbytes} bytes of memory: {out.stderr.strip()}")
 
 
-def settle_and_start(exe: Optional[Path], nbytes: Optional[int], idle: float) -> float:
-    """The start of a fresh-process row, called right after the previous measured process ended: the common
-    predecessor (settle, where `nbytes` is given), then the moment the row's clock starts, `idle` seconds
-    from now (pagecache.start_after). Case 8's rounds (runner.Runner) and the fresh-memory section share it."""
+def settle_and_start(exe: Optional[Path], nbytes: Optional[int], idle: float,
+                     setup: Optional[Tuple[Any, ...]] = None) -> float:
+    """The start of a fresh-process row, called right after the previous measured process ended: the row's page
+    cache set up (`setup`: pagecache.prepare's arguments, the evictions and the warming read), so that what
+    evicting frees is freed before the predecessor, not inside the row's pause; then the common predecessor
+    (settle, where `nbytes` is given); then the moment the row's clock starts, `idle` seconds from now
+    (pagecache.start_after). Case 8's rounds (runner.Runner) and the fresh-memory section share it."""
+    if setup is not None:
+        pagecache.prepare(*setup)
     if nbytes is not None:
         settle(exe, nbytes)
     return pagecache.start_after(idle)

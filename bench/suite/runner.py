@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from suite.ceilings import Ceilings, FreshCeiling, settle_and_start
 from suite.common import MeasurementError, Results, Server
-from suite.pagecache import LATE_SECONDS, prepare, setup_of
+from suite.pagecache import LATE_SECONDS, setup_of
 
 # What a server is called with: a worker.py process, or bench/ceilings.c for case 8's ceiling.
 Serve = Union[Server, FreshCeiling]
@@ -78,10 +78,11 @@ class Runner:
                     # frees (6 GiB after a cold pread row) is then freed before it, not inside this row's pause,
                     # where it made the next row's fill measurably cheaper. Then the same predecessor for every
                     # row, and this one's clock starts idle s from now.
+                    setup = None
                     if "settle" in sent:
-                        prepare(*setup_of(sent))
+                        setup = setup_of(sent)
                         sent["warm"] = False
-                    sent["start_at"] = settle_and_start(self.ceil.exe, sent.pop("settle", None), sent["idle"])
+                    sent["start_at"] = settle_and_start(self.ceil.exe, sent.pop("settle", None), sent["idle"], setup)
                 try:
                     samples[j].append(self.servers[server](sent))
                 except MeasurementError as e:

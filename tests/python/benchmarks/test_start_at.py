@@ -163,7 +163,7 @@ def test_the_runner_sets_the_page_cache_up_then_settles_memory_then_stamps_the_s
 
     events: List[Any] = []
     monkeypatch.setattr(suite.ceilings, "settle", lambda exe, n: events.append(("settle", n, time.monotonic())))
-    monkeypatch.setattr(suite.runner, "prepare", lambda *args: events.append(("prepare", args)))
+    monkeypatch.setattr(suite.ceilings.pagecache, "prepare", lambda *args: events.append(("prepare", args)))
 
     def server(request: Dict[str, Any]) -> Dict[str, Any]:
         events.append(("load", request))
