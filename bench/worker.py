@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict
 
 from suite.ops import OPS, data_offset
 # The page-cache helpers, for the scripts and tests that import them from here (bench/sharded_rank.py,
-# strided_crossover.py, fresh_memory.py, tests/python/io/test_direct.py); bench/suite/pagecache.py holds them.
+# strided_crossover.py, tests/python/io/test_direct.py); bench/suite/pagecache.py holds them.
 from suite.pagecache import evict, resident_fraction, warm  # noqa: F401
 
 

@@ -362,11 +362,15 @@ def test_proxy_rules_count_per_path_and_nth(origin, proxy) -> None:
 
 
 def test_proxy_upstream_down_is_502() -> None:
-    dead = RangeServer()
-    dead.close()
-    with FaultProxy(dead.endpoint) as proxy:
-        assert fetch(proxy.url("/m.bin"))[0] == 502
-        assert proxy.log[0].status == 502
+    # The dead upstream is a port bound and never listened on, held for the whole test: connecting to it is refused.
+    # A server closed before the proxy starts would free its port, and the proxy, taking a free port of its own,
+    # could get that same one and forward every request to itself until the client timed out.
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        upstream = f"http://127.0.0.1:{dead.getsockname()[1]}"
+        with FaultProxy(upstream) as proxy:
+            assert fetch(proxy.url("/m.bin"))[0] == 502
+            assert proxy.log[0].status == 502
 
 
 def test_proxy_close_releases_threads() -> None:
