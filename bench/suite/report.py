@@ -140,8 +140,7 @@ def write_markdown(path: Path, plot: Optional[Path], cfg: Dict[str, Any], info: 
     L += table(res, by_key, "8", "8. What a user sees: one load per new interpreter, against the peers",
                [("GB/s", col_gbps), ("RSS after, MiB", col_mib("rss_delta")), ("page faults", col_faults),
                 ("cached", col_cached)], text("case8"))
-    L += sections.tail(sections.blocks(path.read_text() if path.exists() else ""))
-    path.write_text("\n".join(L))
+    path.write_text(sections.compose("\n".join(L), sections.blocks(path.read_text() if path.exists() else "")))
 
 
 def report(out_md: Path, plot: Path, cfg: Dict[str, Any], info: Dict[str, str], results: Results,

@@ -53,23 +53,23 @@ def blocks(text: str) -> Dict[str, str]:
     return {m.group(1): m.group(2) for m in _BLOCK.finditer(text)}
 
 
-def tail(kept: Dict[str, str]) -> List[str]:
-    """The report's lines after the numbered cases: MARKER, then the sections in the order of SECTIONS (any
-    other named block after them)."""
+def compose(head: str, kept: Dict[str, str]) -> str:
+    """The whole report: `head` (the numbered cases, its trailing blank lines dropped), MARKER, then the sections
+    `kept` in the order of SECTIONS (any other named block after them). bench/run.py's report and a section's
+    `update` both write through it, so the file is laid out the same whichever wrote it last."""
     names = [n for n in NAMES if n in kept] + [n for n in kept if n not in NAMES]
-    lines = ["", MARKER]
+    lines = [head.rstrip("\n"), "", MARKER]
     for n in names:
         lines += ["", f"<!-- begin {n} -->", kept[n].strip("\n"), f"<!-- end {n} -->"]
-    return lines + [""]
+    return "\n".join(lines + [""])
 
 
 def update(report: Path, name: str, body: str) -> None:
     """Puts section `name` into `report` (replacing the one it has), keeping the order of SECTIONS."""
     text = report.read_text() if report.exists() else ""
-    head = text.split(MARKER)[0].rstrip("\n") if MARKER in text else _BLOCK.sub("", text).rstrip("\n")
     kept = blocks(text)
     kept[name] = body
-    report.write_text(head + "\n" + "\n".join(tail(kept)))
+    report.write_text(compose(text.split(MARKER)[0] if MARKER in text else _BLOCK.sub("", text), kept))
 
 
 def select(spec: str) -> List[Section]:
